@@ -1,0 +1,10 @@
+# -DCISTERN_SANITIZE=address,undefined or -DCISTERN_SANITIZE=thread builds everything with sanitizers.
+if(CISTERN_SANITIZE)
+  if(CISTERN_SANITIZE MATCHES "thread" AND CISTERN_SANITIZE MATCHES "address")
+    message(FATAL_ERROR "CISTERN_SANITIZE: thread cannot be combined with address")
+  endif()
+  set(_cistern_san_flags -fsanitize=${CISTERN_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_compile_options(${_cistern_san_flags})
+  add_link_options(${_cistern_san_flags})
+  message(STATUS "cistern: building with sanitizers: ${CISTERN_SANITIZE}")
+endif()

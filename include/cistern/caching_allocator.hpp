@@ -1,0 +1,71 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// CachingAllocator: cistern's caching device-memory allocator.
+//
+// Requests are rounded (PyTorch's size policy by default), served from per-stream pools of
+// cached blocks with an exact best fit (smallest block, then lowest address) found through a
+// two-level segregated-fit bitmap index, split when the rest is worth keeping, and coalesced
+// with free neighbours when freed. A miss first tries to take over a whole cached segment from
+// another stream's pool (ordering the stream after that pool's work with an event), then asks
+// the device for a new segment; when the device is full it waits for pending frees, returns the
+// cache to the device, and retries before it reports `OutOfMemory`.
+//
+// Thread-safety: every method may be called from any thread. Each stream pool has its own lock,
+// so threads working on different streams do not serialise on the cache-hit path; misses, frees
+// that touch another stream's pool, and reclamation take a global lock as well.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "cistern/allocator.hpp"
+#include "cistern/config.hpp"
+#include "cistern/device.hpp"
+
+namespace cistern {
+
+/// The caching allocator. One instance serves one device.
+class CachingAllocator final : public Allocator {
+ public:
+  /// An allocator over `device`, which must outlive it.
+  explicit CachingAllocator(Device& device, Config config = Config::from_env());
+  /// Returns every cached segment to the device. Blocks still allocated are left to the device
+  /// (and reported by `check()` before destruction, if asked).
+  ~CachingAllocator() override;
+
+  void* allocate(std::size_t bytes, Stream stream) override;
+  void deallocate(void* ptr, Stream stream) override;
+  void record_stream(void* ptr, Stream stream) override;
+  void empty_cache() override;
+  Stats stats() const override;
+  void reset_peak_stats() override;
+  Snapshot snapshot() const override;
+  int device_index() const noexcept override;
+  std::string name() const override;
+
+  /// Zeroes the running sums (`allocated`/`freed`) and the `num_*` counters.
+  void reset_accumulated_stats();
+  /// The size of the block that serves `ptr` (rounded), or throws `InvalidPointer`.
+  std::size_t allocation_size(void* ptr) const;
+  /// Bytes currently held from the device (cheap; no locks on the hot path).
+  std::size_t reserved_bytes() const noexcept;
+  /// Bytes currently handed to callers, rounded (cheap).
+  std::size_t allocated_bytes() const noexcept;
+  /// The configuration in use.
+  const Config& config() const noexcept;
+  /// The device.
+  Device& device() const noexcept;
+  /// Changes the allowed fraction of device memory (as `set_per_process_memory_fraction`).
+  void set_memory_fraction(double fraction);
+
+  /// Walks every segment, block, index and counter and verifies every invariant; throws
+  /// `InvariantViolation` describing the first one broken. Takes every lock.
+  void check() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cistern

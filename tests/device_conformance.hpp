@@ -1,0 +1,326 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The device conformance suite: the semantics of include/cistern/device.hpp, written once against
+// the `cistern::Device` interface and instantiated for every backend.
+//
+// A backend is plugged in through a factory trait:
+//
+//   struct MyFactory {
+//     static bool available();                                   // false: every test is skipped
+//     static std::unique_ptr<cistern::Device> make();
+//     static cistern::Stream make_stream(cistern::Device&);      // streams are not in the contract
+//     static void destroy_stream(cistern::Device&, cistern::Stream);
+//   };
+//   namespace cistern::conformance {  // the instantiation must name the suite unqualified
+//   INSTANTIATE_TYPED_TEST_SUITE_P(My, DeviceConformance, ::testing::Types<MyFactory>);
+//   }
+//
+// Every expectation here must also hold on a real GPU, because the CUDA backends run the same
+// suite: no exact addresses, no exact free-memory figures beyond "drops by at least" and "comes
+// back", no simulated time. Sizes stay small so that a shared GPU can run it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "cistern/device.hpp"
+
+namespace cistern::conformance {
+
+/// The fixture: one fresh device per test, or a skip when the backend is not available here.
+template <class Factory>
+class DeviceConformance : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Factory::available()) GTEST_SKIP() << "backend not available on this machine";
+    device_ = Factory::make();
+    ASSERT_NE(device_, nullptr);
+  }
+
+  void TearDown() override {
+    for (Stream stream : streams_) Factory::destroy_stream(*device_, stream);
+  }
+
+  Device& device() { return *device_; }
+  std::size_t granule() { return device_->granularity(); }
+
+  /// A stream made by the factory, destroyed after the test.
+  Stream new_stream() {
+    streams_.push_back(Factory::make_stream(*device_));
+    return streams_.back();
+  }
+
+  MemoryInfo memory() {
+    MemoryInfo info;
+    EXPECT_EQ(device_->memory_info(&info), Status::ok) << device_->last_error();
+    return info;
+  }
+
+  void* allocate(std::size_t bytes) {
+    void* ptr = nullptr;
+    EXPECT_EQ(device_->allocate(bytes, &ptr), Status::ok) << device_->last_error();
+    EXPECT_NE(ptr, nullptr);
+    return ptr;
+  }
+
+  void* reserve(std::size_t bytes) {
+    void* va = nullptr;
+    EXPECT_EQ(device_->reserve(bytes, 0, &va), Status::ok) << device_->last_error();
+    return va;
+  }
+
+  PhysicalHandle create_physical(std::size_t bytes) {
+    PhysicalHandle handle;
+    EXPECT_EQ(device_->create_physical(bytes, &handle), Status::ok) << device_->last_error();
+    return handle;
+  }
+
+  Event create_event() {
+    Event event;
+    EXPECT_EQ(device_->create_event(&event), Status::ok) << device_->last_error();
+    return event;
+  }
+
+  /// Whether the backend lacks virtual memory (the VMM tests skip themselves then).
+  bool lacks_virtual_memory() { return !device_->supports_virtual_memory(); }
+
+ private:
+  std::unique_ptr<Device> device_;
+  std::vector<Stream> streams_;
+};
+
+TYPED_TEST_SUITE_P(DeviceConformance);
+
+inline std::uintptr_t address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
+
+inline char* bytes_at(void* ptr, std::size_t offset) { return static_cast<char*>(ptr) + offset; }
+
+// --- description ---------------------------------------------------------------------------------
+
+TYPED_TEST_P(DeviceConformance, DescribesItself) {
+  EXPECT_GE(this->device().index(), 0);
+  EXPECT_FALSE(this->device().name().empty());
+}
+
+TYPED_TEST_P(DeviceConformance, GranularityIsAPowerOfTwo) {
+  const std::size_t granule = this->granule();
+  EXPECT_GE(granule, 256u);
+  EXPECT_EQ(granule & (granule - 1), 0u) << granule;
+}
+
+TYPED_TEST_P(DeviceConformance, MemoryInfoReportsFreeWithinTotal) {
+  const MemoryInfo info = this->memory();
+  EXPECT_GT(info.total, 0u);
+  EXPECT_LE(info.free, info.total);
+}
+
+// --- segments ------------------------------------------------------------------------------------
+
+TYPED_TEST_P(DeviceConformance, AllocateAlignsToAtLeast256Bytes) {
+  const std::size_t sizes[] = {1, 255, 256, 257, 4096, this->granule() + 1, 3 * this->granule()};
+  std::vector<void*> segments;
+  for (std::size_t bytes : sizes) {
+    void* ptr = this->allocate(bytes);
+    EXPECT_EQ(address(ptr) % 256, 0u) << "allocate(" << bytes << ") gave " << ptr;
+    segments.push_back(ptr);
+  }
+  for (void* ptr : segments) EXPECT_EQ(this->device().deallocate(ptr), Status::ok);
+}
+
+TYPED_TEST_P(DeviceConformance, LiveSegmentsNeverOverlap) {
+  const std::size_t sizes[] = {
+      1, 1000, this->granule(), this->granule() + 512, 2 * this->granule(), 64 * 1024, 3};
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> live;
+  for (std::size_t bytes : sizes) {
+    const std::uintptr_t start = address(this->allocate(bytes));
+    live.emplace_back(start, start + bytes);
+  }
+  std::sort(live.begin(), live.end());
+  for (std::size_t i = 1; i < live.size(); ++i) {
+    EXPECT_LE(live[i - 1].second, live[i].first)
+        << "segment " << i - 1 << " overlaps segment " << i;
+  }
+  for (const auto& segment : live) {
+    EXPECT_EQ(this->device().deallocate(reinterpret_cast<void*>(segment.first)), Status::ok);
+  }
+}
+
+TYPED_TEST_P(DeviceConformance, FreeMemoryDropsOnAllocateAndReturnsOnDeallocate) {
+  const std::size_t bytes = 4 * this->granule();
+  const MemoryInfo before = this->memory();
+  void* ptr = this->allocate(bytes);
+  const MemoryInfo during = this->memory();
+  EXPECT_EQ(during.total, before.total);
+  EXPECT_LE(during.free + bytes, before.free) << "free memory must drop by at least the size";
+  ASSERT_EQ(this->device().deallocate(ptr), Status::ok) << this->device().last_error();
+  EXPECT_EQ(this->memory().free, before.free);
+}
+
+TYPED_TEST_P(DeviceConformance, TooLargeAllocationIsOutOfMemoryAndLeavesNothingBehind) {
+  const MemoryInfo before = this->memory();
+  void* ptr = nullptr;
+  EXPECT_EQ(this->device().allocate(2 * before.total + this->granule(), &ptr),
+            Status::out_of_memory);
+  EXPECT_FALSE(this->device().last_error().empty());
+  const MemoryInfo after = this->memory();
+  EXPECT_EQ(after.free, before.free);
+  EXPECT_EQ(after.total, before.total);
+  // The device is still usable after the failure.
+  void* small = this->allocate(1);
+  EXPECT_EQ(this->device().deallocate(small), Status::ok);
+}
+
+TYPED_TEST_P(DeviceConformance, DeallocateOfABadPointerIsInvalidAndChangesNothing) {
+  void* ptr = this->allocate(2 * this->granule());
+  const MemoryInfo before = this->memory();
+  EXPECT_EQ(this->device().deallocate(bytes_at(ptr, this->granule())), Status::invalid_argument);
+  EXPECT_FALSE(this->device().last_error().empty());
+  EXPECT_EQ(this->memory().free, before.free);
+  // The segment itself is untouched and can still be returned, exactly once.
+  EXPECT_EQ(this->device().deallocate(ptr), Status::ok) << this->device().last_error();
+}
+
+// --- virtual memory ------------------------------------------------------------------------------
+
+TYPED_TEST_P(DeviceConformance, VirtualMemoryRoundTrip) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const MemoryInfo before = this->memory();
+
+  void* va = this->reserve(4 * granule);
+  EXPECT_EQ(address(va) % granule, 0u);
+  const PhysicalHandle low = this->create_physical(2 * granule);
+  const PhysicalHandle high = this->create_physical(2 * granule);
+  EXPECT_LE(this->memory().free + 4 * granule, before.free);
+
+  ASSERT_EQ(device.map(va, 2 * granule, low, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(va, 2 * granule), 2 * granule, high, 0), Status::ok)
+      << device.last_error();
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), 2 * granule), Status::ok)
+      << device.last_error();
+  EXPECT_EQ(device.release_physical(low), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(high), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(this->memory().free, before.free);
+}
+
+TYPED_TEST_P(DeviceConformance, ReleasedPhysicalMemoryReturnsWithItsLastMapping) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const MemoryInfo before = this->memory();
+  void* va = this->reserve(2 * granule);
+  const PhysicalHandle handle = this->create_physical(2 * granule);
+  ASSERT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << device.last_error();
+
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  EXPECT_LE(this->memory().free + 2 * granule, before.free) << "still mapped, still in use";
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(this->memory().free, before.free);
+  EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, MisalignedMapIsInvalid) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(4 * granule);
+  const PhysicalHandle handle = this->create_physical(2 * granule);
+
+  EXPECT_EQ(device.map(bytes_at(va, 256), granule, handle, 0), Status::invalid_argument);
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.map(va, granule / 2, handle, 0), Status::invalid_argument);
+  // Nothing was mapped by the failed calls: the whole range can still be mapped and unmapped.
+  EXPECT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok);
+}
+
+TYPED_TEST_P(DeviceConformance, ReleasingAReservationWithMappingsIsInvalid) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(2 * granule);
+  const PhysicalHandle handle = this->create_physical(granule);
+  ASSERT_EQ(device.map(va, granule, handle, 0), Status::ok) << device.last_error();
+
+  EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::invalid_argument);
+  EXPECT_FALSE(device.last_error().empty());
+  // The failed release changed nothing: the mapping and the reservation are still there.
+  EXPECT_EQ(device.unmap(va, granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok) << device.last_error();
+}
+
+// --- streams and events --------------------------------------------------------------------------
+
+TYPED_TEST_P(DeviceConformance, RecordedEventOnAnIdleStreamCompletes) {
+  Device& device = this->device();
+  const Stream stream = this->new_stream();
+  const Event event = this->create_event();
+  ASSERT_EQ(device.record_event(event, stream), Status::ok) << device.last_error();
+  EXPECT_EQ(device.synchronize_event(event), Status::ok) << device.last_error();
+  EXPECT_EQ(device.query_event(event), Status::ok);
+  EXPECT_EQ(device.destroy_event(event), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, EventsWorkOnTheDefaultStreamAndCanBeReRecorded) {
+  Device& device = this->device();
+  const Event event = this->create_event();
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(device.record_event(event, default_stream), Status::ok) << device.last_error();
+    EXPECT_EQ(device.synchronize_event(event), Status::ok) << device.last_error();
+    EXPECT_EQ(device.query_event(event), Status::ok);
+  }
+  EXPECT_EQ(device.destroy_event(event), Status::ok);
+}
+
+TYPED_TEST_P(DeviceConformance, StreamWaitEventAndSynchronizationSucceed) {
+  Device& device = this->device();
+  const Stream producer = this->new_stream();
+  const Stream consumer = this->new_stream();
+  const Event event = this->create_event();
+  ASSERT_EQ(device.record_event(event, producer), Status::ok) << device.last_error();
+  EXPECT_EQ(device.stream_wait_event(consumer, event), Status::ok) << device.last_error();
+  // The event may be destroyed as soon as the call that used it has returned.
+  EXPECT_EQ(device.destroy_event(event), Status::ok) << device.last_error();
+  EXPECT_EQ(device.synchronize_stream(consumer), Status::ok) << device.last_error();
+  EXPECT_EQ(device.synchronize_stream(producer), Status::ok) << device.last_error();
+  EXPECT_EQ(device.synchronize_stream(default_stream), Status::ok) << device.last_error();
+  EXPECT_EQ(device.synchronize_device(), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, UnknownEventIsAnError) {
+  // The null handle is the one unknown event every backend can reject without undefined behaviour.
+  Device& device = this->device();
+  const Event unknown{};
+  const Status query = device.query_event(unknown);
+  EXPECT_NE(query, Status::ok);
+  EXPECT_NE(query, Status::not_ready);
+  EXPECT_NE(device.record_event(unknown, default_stream), Status::ok);
+  EXPECT_NE(device.synchronize_event(unknown), Status::ok);
+  EXPECT_FALSE(device.last_error().empty());
+}
+
+REGISTER_TYPED_TEST_SUITE_P(DeviceConformance, DescribesItself, GranularityIsAPowerOfTwo,
+                            MemoryInfoReportsFreeWithinTotal, AllocateAlignsToAtLeast256Bytes,
+                            LiveSegmentsNeverOverlap,
+                            FreeMemoryDropsOnAllocateAndReturnsOnDeallocate,
+                            TooLargeAllocationIsOutOfMemoryAndLeavesNothingBehind,
+                            DeallocateOfABadPointerIsInvalidAndChangesNothing,
+                            VirtualMemoryRoundTrip, ReleasedPhysicalMemoryReturnsWithItsLastMapping,
+                            MisalignedMapIsInvalid, ReleasingAReservationWithMappingsIsInvalid,
+                            RecordedEventOnAnIdleStreamCompletes,
+                            EventsWorkOnTheDefaultStreamAndCanBeReRecorded,
+                            StreamWaitEventAndSynchronizationSucceed, UnknownEventIsAnError);
+
+}  // namespace cistern::conformance
