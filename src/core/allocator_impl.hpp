@@ -1,0 +1,150 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The implementation of CachingAllocator, shared by caching_allocator.cpp (the request paths),
+// reclaim.cpp (taking over, releasing and collecting cached memory) and inspect.cpp (statistics,
+// snapshots and the invariant checker).
+//
+// Locking. Each StreamPool has its own mutex; the cache-hit paths take only that one. `mutex_`
+// (the global lock) is taken first by everything that calls the device for segments, touches
+// more than one pool, or creates a pool; a thread holding several pool locks always holds the
+// global lock, so pool locks never deadlock. Order: global, then pools (any order), then the
+// event pool's mutex and the device's own lock, which are leaves.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cistern/caching_allocator.hpp"
+#include "cistern/errors.hpp"
+#include "pool_stats.hpp"
+#include "size_policy.hpp"
+#include "stream_pool.hpp"
+
+namespace cistern {
+
+/// Lock-free lookup of the pool of a stream; pools are only ever added (under the global lock).
+class PoolTable {
+ public:
+  /// The pool of `stream`, or nullptr if none exists yet.
+  detail::StreamPool* find(Stream stream) const noexcept {
+    std::size_t i = slot_of(stream);
+    for (std::size_t probes = 0; probes < kSlots; ++probes, i = (i + 1) & (kSlots - 1)) {
+      detail::StreamPool* pool = slots_[i].load(std::memory_order_acquire);
+      if (pool == nullptr) return nullptr;
+      if (pool->stream == stream) return pool;
+    }
+    return find_overflow(stream);
+  }
+  /// Adds a pool (global lock held).
+  void add(std::unique_ptr<detail::StreamPool> pool);
+  /// Every pool, in creation order (global lock held).
+  const std::vector<std::unique_ptr<detail::StreamPool>>& all() const noexcept { return all_; }
+
+ private:
+  static constexpr std::size_t kSlots = 256;
+  static std::size_t slot_of(Stream s) noexcept {
+    return static_cast<std::size_t>((s.handle * 0x9E3779B97F4A7C15ull) >> 56) & (kSlots - 1);
+  }
+  detail::StreamPool* find_overflow(Stream stream) const;
+
+  std::atomic<detail::StreamPool*> slots_[kSlots] = {};
+  std::vector<std::unique_ptr<detail::StreamPool>> all_;
+  mutable std::shared_mutex overflow_mutex_;
+  std::unordered_map<std::uintptr_t, detail::StreamPool*> overflow_;
+};
+
+/// Holds the locks of every pool except one already held (global lock held).
+class AllPoolsLock {
+ public:
+  AllPoolsLock(const PoolTable& pools, const detail::StreamPool* held);
+  ~AllPoolsLock();
+  AllPoolsLock(const AllPoolsLock&) = delete;
+  AllPoolsLock& operator=(const AllPoolsLock&) = delete;
+
+ private:
+  std::vector<std::mutex*> locked_;
+};
+
+class CachingAllocator::Impl {
+ public:
+  Impl(Device& device, Config config);
+  ~Impl();
+
+  void* allocate(std::size_t bytes, Stream stream);
+  void deallocate(void* ptr, Stream stream);
+  void record_stream(void* ptr, Stream stream);
+  void empty_cache();
+  Stats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  Snapshot snapshot() const;
+  void check() const;
+  std::size_t allocation_size(void* ptr) const;
+  void set_memory_fraction(double fraction);
+
+  std::size_t reserved_bytes() const noexcept { return reserved_.load(std::memory_order_relaxed); }
+  std::size_t allocated_bytes() const noexcept;
+  const Config& config() const noexcept { return config_; }
+  Device& device() const noexcept { return device_; }
+
+ private:
+  detail::StreamPool& pool_for(Stream stream);
+  detail::StreamPool& create_pool(Stream stream);
+
+  // Request paths (caching_allocator.cpp).
+  void* allocate_slow(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
+  void* allocate_pass_through(detail::StreamPool& pool, std::size_t size, std::size_t bytes,
+                              bool small);
+  void deallocate_slow(std::uintptr_t addr, Stream stream);
+  void free_block(detail::StreamPool& pool, detail::Block* b, Stream stream);
+  void free_with_uses(detail::StreamPool& pool, detail::Block* b, Stream stream);
+  [[noreturn]] void throw_invalid_pointer(std::uintptr_t addr, const char* what) const;
+  [[noreturn]] void throw_out_of_memory(detail::StreamPool& pool, std::size_t bytes,
+                                        std::size_t size, std::size_t segment, bool small);
+  [[noreturn]] void throw_impossible_size(std::size_t bytes);
+
+  // Device memory and reclamation (reclaim.cpp); global lock held.
+  detail::Block* new_segment(detail::StreamPool& pool, std::size_t size, bool small);
+  bool release_segment(detail::StreamPool& pool, detail::Block* b);
+  bool take_over_segment(detail::StreamPool& pool, std::size_t size, bool small);
+  bool release_oversize(detail::StreamPool& pool, std::size_t size);
+  std::size_t release_cache(const detail::StreamPool* held);
+  void collect_garbage(const detail::StreamPool* held);
+  bool exceeds_limit(std::size_t more) const noexcept {
+    return allowed_ != SIZE_MAX && reserved_bytes() + more > allowed_;
+  }
+  void update_allowed();
+
+  // Inspection helpers (inspect.cpp).
+  void check_pool(const detail::StreamPool& pool, Stats& totals) const;
+
+  Device& device_;
+  Config config_;
+  detail::SizePolicy policy_;
+  detail::EventPool events_;
+  mutable std::mutex mutex_;  // the global lock
+  PoolTable pools_;
+  detail::SharedStats shared_stats_;
+  std::atomic<detail::SharedStats*> shared_{nullptr};  // set once a second pool exists
+  std::atomic<std::size_t> reserved_{0};
+  std::size_t device_total_ = 0;
+  std::size_t allowed_ = SIZE_MAX;  // reserved-memory limit from fraction and hard limit
+
+  // Counters, under the global lock.
+  std::int64_t num_alloc_retries_ = 0;
+  std::int64_t num_ooms_ = 0;
+  std::int64_t num_sync_all_streams_ = 0;
+  std::int64_t num_device_alloc_ = 0;
+  std::int64_t num_device_free_ = 0;
+  std::int64_t num_cross_stream_reuse_ = 0;
+  std::string last_release_error_;  // why the most recent segment release failed
+};
+
+}  // namespace cistern

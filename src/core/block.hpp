@@ -1,0 +1,71 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// Blocks and segments, the allocator's model of device memory.
+//
+// A segment is one range obtained from the device. It is cut into blocks that tile it exactly,
+// in address order, linked through `prev`/`next`. Every block is in one of three states:
+//
+//   allocated  handed to a caller; found through its pool's pointer map
+//   pending    freed by the caller, but other streams may still use it: waits for events
+//   free       cached and reusable; in its pool's block index (and, when it is a whole
+//              segment, in the pool's list of whole free segments)
+//
+// Invariants (verified by CachingAllocator::check):
+//  * the blocks of a segment tile [base, base+size) with no gap and no overlap;
+//  * no two neighbouring blocks are both free (free neighbours are always coalesced);
+//  * a segment belongs to exactly one stream pool, and so do all its blocks;
+//  * `head` is the block at `base`.
+// A segment is a plain device allocation today; the virtual-memory backend will describe
+// mapped ranges with the same model (a segment whose pages can be remapped), which is why blocks
+// refer to addresses and sizes only, never to how the memory was obtained.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cistern/types.hpp"
+
+namespace cistern::detail {
+
+struct Segment;
+class StreamPool;
+
+enum class BlockState : std::uint8_t { free, allocated, pending };
+
+struct Block {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;  // the caller's size while allocated or pending
+  Block* prev = nullptr;      // neighbours in the segment, by address
+  Block* next = nullptr;
+  Segment* segment = nullptr;
+
+  // Links of the free-block index (a treap per size bin) while the block is free.
+  Block* left = nullptr;
+  Block* right = nullptr;
+  // Links of the pool's list of whole free segments while the block is one.
+  Block* whole_prev = nullptr;
+  Block* whole_next = nullptr;
+
+  std::vector<Stream> stream_uses;  // other streams recorded with record_stream
+  std::uint64_t gc_base = 0;        // the pool's lookup count when the block was cached
+  std::uint32_t pending_events = 0;
+  BlockState state = BlockState::free;
+  bool counted_split = false;  // counted in inactive_split (a free block of a split segment)
+
+  bool is_free() const noexcept { return state == BlockState::free; }
+  bool is_whole_segment() const noexcept { return prev == nullptr && next == nullptr; }
+};
+
+struct Segment {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  Block* head = nullptr;
+  StreamPool* owner = nullptr;
+  Segment* prev = nullptr;  // the owner pool's segment list
+  Segment* next = nullptr;
+  bool large = false;
+};
+
+}  // namespace cistern::detail

@@ -1,0 +1,183 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+#include "block_index.hpp"
+
+#include "size_policy.hpp"
+
+namespace cistern::detail {
+namespace {
+
+// Treap priority: a multiplicative hash of the address, so that priorities are deterministic
+// and need no storage. Addresses are unique, so ties are broken by address.
+inline std::uint64_t priority(const Block* b) noexcept {
+  return (static_cast<std::uint64_t>(b->addr) >> 9) * 0x9E3779B97F4A7C15ull;
+}
+
+inline bool higher_priority(const Block* a, const Block* b) noexcept {
+  const std::uint64_t pa = priority(a);
+  const std::uint64_t pb = priority(b);
+  return pa != pb ? pa > pb : a->addr < b->addr;
+}
+
+// The (size, address) order of the treaps.
+inline bool key_less(const Block* a, const Block* b) noexcept {
+  return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+}
+
+// Splits `tree` into the nodes ordered before `key` (into *lo) and the rest (into *hi).
+void split(Block* tree, const Block* key, Block** lo, Block** hi) noexcept {
+  while (tree != nullptr) {
+    if (key_less(tree, key)) {
+      *lo = tree;
+      lo = &tree->right;
+      tree = tree->right;
+    } else {
+      *hi = tree;
+      hi = &tree->left;
+      tree = tree->left;
+    }
+  }
+  *lo = nullptr;
+  *hi = nullptr;
+}
+
+// Joins two treaps where every node of `a` is ordered before every node of `b`.
+Block* merge(Block* a, Block* b) noexcept {
+  Block* root = nullptr;
+  Block** link = &root;
+  while (a != nullptr && b != nullptr) {
+    if (higher_priority(a, b)) {
+      *link = a;
+      link = &a->right;
+      a = a->right;
+    } else {
+      *link = b;
+      link = &b->left;
+      b = b->left;
+    }
+  }
+  *link = a != nullptr ? a : b;
+  return root;
+}
+
+Block* minimum(Block* tree) noexcept {
+  while (tree->left != nullptr) tree = tree->left;
+  return tree;
+}
+
+// The first node with size >= `size` in (size, address) order.
+Block* lower_bound(Block* tree, std::size_t size) noexcept {
+  Block* found = nullptr;
+  while (tree != nullptr) {
+    if (tree->size >= size) {
+      found = tree;
+      tree = tree->left;
+    } else {
+      tree = tree->right;
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+int BlockIndex::bin_of(std::size_t size) noexcept {
+  if (size < (std::size_t{1} << kLinearLimitLog2)) return static_cast<int>(size >> kLinearShift);
+  const int octave = log2_floor(size);
+  const int sub = static_cast<int>(size >> (octave - kSubBinBits)) & ((1 << kSubBinBits) - 1);
+  return (1 << kSubBinBits) + ((octave - kLinearLimitLog2) << kSubBinBits) + sub;
+}
+
+void BlockIndex::mark(int bin) noexcept {
+  bins_used_[static_cast<std::size_t>(bin >> 6)] |= std::uint64_t{1} << (bin & 63);
+  words_used_ |= std::uint64_t{1} << (bin >> 6);
+}
+
+void BlockIndex::unmark(int bin) noexcept {
+  auto& word = bins_used_[static_cast<std::size_t>(bin >> 6)];
+  word &= ~(std::uint64_t{1} << (bin & 63));
+  if (word == 0) words_used_ &= ~(std::uint64_t{1} << (bin >> 6));
+}
+
+int BlockIndex::next_used_bin(int after) const noexcept {
+  const int first = after + 1;
+  if (first >= kBins) return -1;
+  const int word = first >> 6;
+  const std::uint64_t in_word =
+      bins_used_[static_cast<std::size_t>(word)] & (~std::uint64_t{0} << (first & 63));
+  if (in_word != 0) return (word << 6) + __builtin_ctzll(in_word);
+  const std::uint64_t later_words =
+      word + 1 < 64 ? words_used_ & (~std::uint64_t{0} << (word + 1)) : 0;
+  if (later_words == 0) return -1;
+  const int w = __builtin_ctzll(later_words);
+  return (w << 6) + __builtin_ctzll(bins_used_[static_cast<std::size_t>(w)]);
+}
+
+void BlockIndex::insert(Block* block) noexcept {
+  const int bin = bin_of(block->size);
+  Block** link = &roots_[static_cast<std::size_t>(bin)];
+  if (*link == nullptr) mark(bin);
+  // Descend while the nodes outrank the new one, then split the subtree below around it.
+  while (*link != nullptr && higher_priority(*link, block)) {
+    link = key_less(block, *link) ? &(*link)->left : &(*link)->right;
+  }
+  split(*link, block, &block->left, &block->right);
+  *link = block;
+  ++count_;
+}
+
+void BlockIndex::remove(Block* block) noexcept {
+  const int bin = bin_of(block->size);
+  Block** link = &roots_[static_cast<std::size_t>(bin)];
+  while (*link != block) link = key_less(block, *link) ? &(*link)->left : &(*link)->right;
+  *link = merge(block->left, block->right);
+  block->left = block->right = nullptr;
+  if (roots_[static_cast<std::size_t>(bin)] == nullptr) unmark(bin);
+  --count_;
+}
+
+Block* BlockIndex::best_fit(std::size_t size) const noexcept {
+  const int bin = bin_of(size);
+  if (Block* root = roots_[static_cast<std::size_t>(bin)]) {
+    if (Block* found = lower_bound(root, size)) return found;
+  }
+  const int next = next_used_bin(bin);
+  return next < 0 ? nullptr : minimum(roots_[static_cast<std::size_t>(next)]);
+}
+
+bool BlockIndex::contains(const Block* block) const noexcept {
+  const Block* node = roots_[static_cast<std::size_t>(bin_of(block->size))];
+  while (node != nullptr && node != block) node = key_less(block, node) ? node->left : node->right;
+  return node == block;
+}
+
+const char* BlockIndex::check() const noexcept {
+  std::size_t seen = 0;
+  for (int bin = 0; bin < kBins; ++bin) {
+    const Block* root = roots_[static_cast<std::size_t>(bin)];
+    const bool marked = (bins_used_[static_cast<std::size_t>(bin >> 6)] >> (bin & 63)) & 1;
+    if (marked != (root != nullptr)) return "bitmap bit disagrees with bin occupancy";
+    const bool word_marked = (words_used_ >> (bin >> 6)) & 1;
+    if (marked && !word_marked) return "second-level bitmap misses a used word";
+    const char* problem = nullptr;
+    const Block* previous = nullptr;
+    auto check_node = [&](Block* b) {
+      ++seen;
+      if (problem != nullptr) return;
+      if (bin_of(b->size) != bin) problem = "block sits in the wrong bin";
+      else if (!b->is_free()) problem = "indexed block is not free";
+      else if (previous != nullptr && !key_less(previous, b)) problem = "treap order broken";
+      else if ((b->left && higher_priority(b->left, b)) || (b->right && higher_priority(b->right, b)))
+        problem = "treap heap order broken";
+      previous = b;
+    };
+    visit(const_cast<Block*>(root), check_node);
+    if (problem != nullptr) return problem;
+  }
+  for (int w = 0; w < kWords; ++w) {
+    if (((words_used_ >> w) & 1) != (bins_used_[static_cast<std::size_t>(w)] != 0))
+      return "second-level bitmap bit disagrees with its word";
+  }
+  return seen == count_ ? nullptr : "block count disagrees with the treaps";
+}
+
+}  // namespace cistern::detail

@@ -1,0 +1,95 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// BlockIndex: the free blocks of one pool, with an exact best fit in O(1) + O(log k).
+//
+// Layout (two-level segregated fit). Sizes map to bins: below 32 KiB one bin per 512 bytes;
+// above, 64 bins per power of two (each bin spans 1/64 of its octave). A two-level bitmap marks
+// the non-empty bins: one bit per bin in `bins_used_`, one bit per 64-bin word in `words_used_`,
+// so the first non-empty bin above any bin is found with two find-first-set operations.
+//
+// Inside a bin, blocks sit in a treap ordered by (size, address) whose priorities are a hash of
+// the address (deterministic, no per-node state). So the best fit - the smallest block that is
+// large enough, the lowest address among equals, PyTorch's order - is either the lower bound in
+// the request's own bin or the minimum of the next non-empty bin. No list is ever scanned.
+//
+// Invariants (check()): bit b is set iff bin b is non-empty; every block in bin b maps to b; each
+// treap is ordered by (size, address) and heap-ordered by priority; count() is the number of
+// blocks held.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "block.hpp"
+
+namespace cistern::detail {
+
+class BlockIndex {
+ public:
+  static constexpr int kLinearShift = 9;     // exact bins of 512 bytes below kLinearLimit
+  static constexpr int kSubBinBits = 6;      // 64 bins per power of two above it
+  static constexpr int kLinearLimitLog2 = 15;  // 32 KiB
+  static constexpr int kMaxLog2 = 57;        // sizes below 2^57 bytes
+  static constexpr int kBins =
+      (1 << kSubBinBits) + (kMaxLog2 - kLinearLimitLog2) * (1 << kSubBinBits);
+  static constexpr int kWords = (kBins + 63) / 64;
+
+  BlockIndex() { roots_.fill(nullptr); bins_used_.fill(0); }
+
+  /// Adds a free block.
+  void insert(Block* block) noexcept;
+  /// Removes a block that is in the index.
+  void remove(Block* block) noexcept;
+  /// The smallest block of at least `size` (lowest address among equals), or nullptr.
+  Block* best_fit(std::size_t size) const noexcept;
+  /// Blocks held.
+  std::size_t count() const noexcept { return count_; }
+  /// Whether `block` is in the index (by search).
+  bool contains(const Block* block) const noexcept;
+  /// Verifies the invariants; returns a description of the first broken one, or nullptr.
+  const char* check() const noexcept;
+  /// Calls f(block) for every block, in bin order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (int bin = 0; bin < kBins; ++bin) visit(roots_[static_cast<std::size_t>(bin)], f);
+  }
+
+  /// The bin of a size.
+  static int bin_of(std::size_t size) noexcept;
+
+ private:
+  template <class F>
+  static void visit(Block* node, F& f) {
+    // Explicit stack: a treap's depth is logarithmic in expectation, but never trust that.
+    Block* stack[128];
+    int depth = 0;
+    while (node != nullptr || depth > 0) {
+      while (node != nullptr) {
+        if (depth == 128) {  // pathological depth: fall back to recursion on this subtree
+          visit(node, f);
+          node = nullptr;
+          break;
+        }
+        stack[depth++] = node;
+        node = node->left;
+      }
+      if (depth == 0) break;
+      node = stack[--depth];
+      f(node);
+      node = node->right;
+    }
+  }
+
+  int next_used_bin(int after) const noexcept;
+  void mark(int bin) noexcept;
+  void unmark(int bin) noexcept;
+
+  std::array<Block*, kBins> roots_;
+  std::array<std::uint64_t, kWords> bins_used_;
+  std::uint64_t words_used_ = 0;
+  std::size_t count_ = 0;
+  static_assert(kWords <= 64, "the second bitmap level must fit one word");
+};
+
+}  // namespace cistern::detail

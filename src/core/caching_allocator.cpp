@@ -1,0 +1,403 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// CachingAllocator: construction and the request paths (allocate, deallocate, record_stream).
+#include "cistern/caching_allocator.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "allocator_impl.hpp"
+#include "device_call.hpp"
+
+namespace cistern {
+
+using detail::Block;
+using detail::StreamPool;
+
+// --- PoolTable ----------------------------------------------------------------------------------------
+
+void PoolTable::add(std::unique_ptr<StreamPool> pool) {
+  StreamPool* raw = pool.get();
+  all_.push_back(std::move(pool));
+  std::size_t i = slot_of(raw->stream);
+  for (std::size_t probes = 0; probes < kSlots; ++probes, i = (i + 1) & (kSlots - 1)) {
+    if (slots_[i].load(std::memory_order_relaxed) == nullptr) {
+      slots_[i].store(raw, std::memory_order_release);
+      return;
+    }
+  }
+  std::unique_lock<std::shared_mutex> lock(overflow_mutex_);
+  overflow_.emplace(raw->stream.handle, raw);
+}
+
+StreamPool* PoolTable::find_overflow(Stream stream) const {
+  std::shared_lock<std::shared_mutex> lock(overflow_mutex_);
+  const auto it = overflow_.find(stream.handle);
+  return it == overflow_.end() ? nullptr : it->second;
+}
+
+AllPoolsLock::AllPoolsLock(const PoolTable& pools, const StreamPool* held) {
+  for (const auto& pool : pools.all()) {
+    if (pool.get() == held) continue;
+    pool->mutex.lock();
+    locked_.push_back(&pool->mutex);
+  }
+}
+
+AllPoolsLock::~AllPoolsLock() {
+  for (std::mutex* m : locked_) m->unlock();
+}
+
+// --- construction ---------------------------------------------------------------------------------------
+
+CachingAllocator::Impl::Impl(Device& device, Config config)
+    : device_(device), config_(std::move(config)), policy_(config_), events_(device) {
+  config_.validate();
+  MemoryInfo info;
+  if (device_.memory_info(&info) == Status::ok) device_total_ = info.total;
+  update_allowed();
+}
+
+CachingAllocator::Impl::~Impl() {
+  std::lock_guard<std::mutex> global(mutex_);
+  try {
+    release_cache(nullptr);
+  } catch (const Error&) {
+    // The device is failing (or, with CUDA, already shut down): what is left is its to reclaim.
+  }
+}
+
+void CachingAllocator::Impl::update_allowed() {
+  allowed_ = SIZE_MAX;
+  if (config_.memory_fraction < 1.0 && device_total_ > 0) {
+    allowed_ = static_cast<std::size_t>(static_cast<double>(device_total_) * config_.memory_fraction);
+  }
+  if (config_.memory_limit > 0) allowed_ = std::min(allowed_, config_.memory_limit);
+}
+
+void CachingAllocator::Impl::set_memory_fraction(double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    throw InvalidArgument(fmt::format(
+        "cistern: set_memory_fraction({}): the fraction must be in (0, 1]", fraction));
+  }
+  std::lock_guard<std::mutex> global(mutex_);
+  config_.memory_fraction = fraction;
+  update_allowed();
+}
+
+StreamPool& CachingAllocator::Impl::pool_for(Stream stream) {
+  if (StreamPool* pool = pools_.find(stream)) return *pool;
+  return create_pool(stream);
+}
+
+StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
+  std::lock_guard<std::mutex> global(mutex_);
+  if (StreamPool* pool = pools_.find(stream)) return *pool;
+  if (pools_.all().size() == 1) {
+    // A second pool: from now on allocator-wide peaks need the shared counters. Seed them from
+    // the first pool under its lock, so that no update of it is lost in between.
+    StreamPool& first = *pools_.all().front();
+    std::lock_guard<std::mutex> lock(first.mutex);
+    shared_stats_.seed(first.stats().get());
+    shared_.store(&shared_stats_, std::memory_order_relaxed);
+  }
+  auto pool = std::make_unique<StreamPool>(stream, policy_, shared_);
+  StreamPool& ref = *pool;
+  pools_.add(std::move(pool));
+  return ref;
+}
+
+std::size_t CachingAllocator::Impl::allocated_bytes() const noexcept {
+  // Reading the list of pools needs the global lock; the per-pool mirrors need none.
+  std::lock_guard<std::mutex> global(mutex_);
+  std::int64_t total = 0;
+  for (const auto& pool : pools_.all()) total += pool->allocated_bytes_relaxed();
+  return static_cast<std::size_t>(total);
+}
+
+// --- allocate -------------------------------------------------------------------------------------------
+
+void* CachingAllocator::Impl::allocate(std::size_t bytes, Stream stream) {
+  if (bytes == 0) return nullptr;
+  if (bytes > detail::kMaxRequest) throw_impossible_size(bytes);
+  StreamPool& pool = pool_for(stream);
+  const std::size_t size = policy_.round(bytes);
+  const bool small = policy_.is_small(size);
+  if (!config_.pass_through) {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    if (pool.has_pending()) pool.process_events(device_, events_);
+    if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+  }
+  return allocate_slow(pool, size, bytes, small);
+}
+
+// A miss: what PyTorch does, in its order, with one step added (taking over a cached segment
+// from another stream before asking the device).
+void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, std::size_t bytes,
+                                            bool small) {
+  std::lock_guard<std::mutex> global(mutex_);
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  if (config_.pass_through) return allocate_pass_through(pool, size, bytes, small);
+  if (pool.has_pending()) pool.process_events(device_, events_);
+  if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);  // freed meanwhile
+  if (config_.garbage_collection_threshold > 0.0) collect_garbage(&pool);
+  if (config_.cross_stream_reuse && take_over_segment(pool, size, small)) {
+    if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+  }
+  const std::size_t segment = policy_.segment_size(size);
+  if (Block* b = new_segment(pool, segment, small)) return pool.take(b, size, bytes);
+  if (release_oversize(pool, size)) {
+    if (Block* b = new_segment(pool, segment, small)) return pool.take(b, size, bytes);
+  }
+  // Last resort: wait for every pending free, return the whole cache to the device, retry.
+  ++num_alloc_retries_;
+  release_cache(&pool);
+  if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+  if (Block* b = new_segment(pool, segment, small)) return pool.take(b, size, bytes);
+  throw_out_of_memory(pool, bytes, size, segment, small);
+}
+
+void* CachingAllocator::Impl::allocate_pass_through(StreamPool& pool, std::size_t size,
+                                                    std::size_t bytes, bool small) {
+  Block* b = new_segment(pool, size, small);
+  if (b == nullptr) {
+    ++num_alloc_retries_;
+    release_cache(&pool);
+    b = new_segment(pool, size, small);
+  }
+  if (b == nullptr) throw_out_of_memory(pool, bytes, size, size, small);
+  return pool.take(b, size, bytes);
+}
+
+// --- deallocate -----------------------------------------------------------------------------------------
+
+void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
+  if (ptr == nullptr) return;
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (!config_.pass_through) {
+    if (StreamPool* pool = pools_.find(stream)) {
+      std::lock_guard<std::mutex> lock(pool->mutex);
+      if (Block* b = pool->find_allocated(addr)) {
+        free_block(*pool, b, stream);
+        return;
+      }
+    }
+  }
+  deallocate_slow(addr, stream);
+}
+
+// Frees on another stream than the allocating one, pass-through frees, and misuse.
+void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream) {
+  std::lock_guard<std::mutex> global(mutex_);
+  for (const auto& pool : pools_.all()) {
+    std::lock_guard<std::mutex> lock(pool->mutex);
+    Block* b = pool->find_allocated(addr);
+    if (b == nullptr) continue;
+    if (!config_.pass_through) {
+      free_block(*pool, b, stream);
+      return;
+    }
+    // Pass-through: the device free synchronises, so no event is needed for other users.
+    pool->end_allocation(b);
+    pool->cache(b);
+    if (!release_segment(*pool, b)) {
+      throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
+                                                  "(it stays cached): {}",
+                                                  addr, last_release_error_));
+    }
+    return;
+  }
+  throw_invalid_pointer(addr, "deallocate");
+}
+
+// Pool lock held. Caches the block at once unless another stream may still use it.
+void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, Stream stream) {
+  if (b->stream_uses.empty() && stream == pool.stream) {
+    pool.end_allocation(b);
+    pool.cache(b);
+    return;
+  }
+  free_with_uses(pool, b, stream);
+}
+
+// Pool lock held. Records an event on every other stream that used the block (and on the freeing
+// stream if it is not the block's own); the block is cached once they have all completed. If
+// events cannot be recorded, waits for those streams now instead; if even that fails, throws
+// with the block still allocated.
+void CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream stream) {
+  std::vector<Stream> streams = b->stream_uses;
+  if (stream != pool.stream && std::find(streams.begin(), streams.end(), stream) == streams.end()) {
+    streams.push_back(stream);
+  }
+  std::vector<Event> recorded;
+  try {
+    for (Stream s : streams) {
+      recorded.push_back(events_.acquire());
+      detail::check_device(device_, device_.record_event(recorded.back(), s),
+                           DeviceOp::record_event);
+    }
+  } catch (const DeviceError&) {
+    for (Event e : recorded) events_.release(e);
+    for (Stream s : streams) {
+      detail::check_device(device_, device_.synchronize_stream(s), DeviceOp::synchronize_stream);
+    }
+    pool.end_allocation(b);
+    pool.cache(b);
+    return;
+  }
+  pool.end_allocation(b);
+  pool.make_pending(b, recorded, streams);
+}
+
+void CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> global(mutex_);
+  for (const auto& pool : pools_.all()) {
+    std::lock_guard<std::mutex> lock(pool->mutex);
+    Block* b = pool->find_allocated(addr);
+    if (b == nullptr) continue;
+    if (stream == pool->stream) return;  // the allocating stream is always waited for
+    auto& uses = b->stream_uses;
+    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+    return;
+  }
+  throw_invalid_pointer(addr, "record_stream");
+}
+
+std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> global(mutex_);
+  for (const auto& pool : pools_.all()) {
+    std::lock_guard<std::mutex> lock(pool->mutex);
+    if (const Block* b = pool->find_allocated(addr)) return b->size;
+  }
+  throw_invalid_pointer(addr, "allocation_size");
+}
+
+// --- errors ---------------------------------------------------------------------------------------------
+
+// Global lock held. Says what the pointer is, as precisely as the segments allow.
+void CachingAllocator::Impl::throw_invalid_pointer(std::uintptr_t addr, const char* what) const {
+  for (const auto& pool : pools_.all()) {
+    std::lock_guard<std::mutex> lock(pool->mutex);
+    for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
+      if (addr < s->base || addr >= s->base + s->size) continue;
+      const Block* b = s->head;
+      while (b->addr + b->size <= addr) b = b->next;
+      if (b->addr == addr && b->state == detail::BlockState::pending) {
+        throw InvalidPointer(fmt::format(
+            "cistern: {}({:#x}): double free: the block was already freed and is waiting for "
+            "other streams' work",
+            what, addr));
+      }
+      if (b->addr == addr) {
+        throw InvalidPointer(fmt::format(
+            "cistern: {}({:#x}): double free: the block was already freed and is cached", what,
+            addr));
+      }
+      throw InvalidPointer(fmt::format(
+          "cistern: {}({:#x}): the pointer lies {} bytes inside the {} block at {:#x}; pass the "
+          "pointer that allocate() returned",
+          what, addr, addr - b->addr, b->is_free() ? "free" : "allocated", b->addr));
+    }
+  }
+  throw InvalidPointer(fmt::format(
+      "cistern: {}({:#x}): not allocated by this allocator (device {}); was it allocated by "
+      "another allocator, or on another device?",
+      what, addr, device_.index()));
+}
+
+void CachingAllocator::Impl::throw_impossible_size(std::size_t bytes) {
+  OutOfMemoryInfo info;
+  info.device = device_.index();
+  info.requested = bytes;
+  {
+    std::lock_guard<std::mutex> global(mutex_);
+    ++num_ooms_;
+  }
+  throw OutOfMemory(info, fmt::format("cistern: out of memory on device {}: tried to allocate "
+                                      "{} bytes, more than any device has (the limit is {})",
+                                      info.device, bytes, format_bytes(detail::kMaxRequest)));
+}
+
+// Global and pool lock held.
+void CachingAllocator::Impl::throw_out_of_memory(StreamPool& pool, std::size_t bytes,
+                                                 std::size_t size, std::size_t segment,
+                                                 bool small) {
+  ++num_ooms_;
+  OutOfMemoryInfo info;
+  info.device = device_.index();
+  info.requested = bytes;
+  info.rounded = size;
+  info.segment = segment;
+  info.reserved = reserved_bytes();
+  for (const auto& p : pools_.all()) {
+    info.allocated += static_cast<std::uint64_t>(p->allocated_bytes_relaxed());
+  }
+  info.cached = info.reserved - info.allocated;
+  info.largest_free = pool.largest_free(small);
+  info.limit = allowed_ == SIZE_MAX ? 0 : allowed_;
+  MemoryInfo mem;
+  if (device_.memory_info(&mem) == Status::ok) {
+    info.device_total = mem.total;
+    info.device_free = mem.free;
+  }
+  std::string message = fmt::format(
+      "cistern: out of memory on device {}. Tried to allocate {} (a request of {} bytes, rounded "
+      "to {}). The device has a total capacity of {} of which {} is free.",
+      info.device, format_bytes(segment), bytes, format_bytes(size), format_bytes(info.device_total),
+      format_bytes(info.device_free));
+  if (info.limit != 0) {
+    message += fmt::format(" cistern may reserve at most {} (memory fraction or limit).",
+                           format_bytes(info.limit));
+  }
+  message += fmt::format(
+      " Of the {} reserved by cistern, {} is allocated and {} is cached but cannot serve this "
+      "request (the largest cached free block of its pool on this stream is {}).",
+      format_bytes(info.reserved), format_bytes(info.allocated), format_bytes(info.cached),
+      format_bytes(info.largest_free));
+  if (info.cached * 4 > info.reserved) {
+    message += " Much reserved memory is unallocated (fragmentation): try "
+               "CISTERN_ALLOC_CONF=max_split_size_mb:<MiB> so that large cached blocks are not cut "
+               "for small requests, or free memory and call empty_cache() between phases.";
+  } else {
+    message += " Nearly all reserved memory is in use: reduce the working set (for example the "
+               "batch size) or free what is no longer needed.";
+  }
+  throw OutOfMemory(info, message);
+}
+
+// --- the public class -------------------------------------------------------------------------------------
+
+CachingAllocator::CachingAllocator(Device& device, Config config)
+    : impl_(std::make_unique<Impl>(device, std::move(config))) {}
+CachingAllocator::~CachingAllocator() = default;
+
+void* CachingAllocator::allocate(std::size_t bytes, Stream stream) {
+  return impl_->allocate(bytes, stream);
+}
+void CachingAllocator::deallocate(void* ptr, Stream stream) { impl_->deallocate(ptr, stream); }
+void CachingAllocator::record_stream(void* ptr, Stream stream) {
+  impl_->record_stream(ptr, stream);
+}
+void CachingAllocator::empty_cache() { impl_->empty_cache(); }
+Stats CachingAllocator::stats() const { return impl_->stats(); }
+void CachingAllocator::reset_peak_stats() { impl_->reset_peak_stats(); }
+void CachingAllocator::reset_accumulated_stats() { impl_->reset_accumulated_stats(); }
+Snapshot CachingAllocator::snapshot() const { return impl_->snapshot(); }
+int CachingAllocator::device_index() const noexcept { return impl_->device().index(); }
+std::string CachingAllocator::name() const { return "cistern"; }
+std::size_t CachingAllocator::allocation_size(void* ptr) const {
+  return impl_->allocation_size(ptr);
+}
+std::size_t CachingAllocator::reserved_bytes() const noexcept { return impl_->reserved_bytes(); }
+std::size_t CachingAllocator::allocated_bytes() const noexcept { return impl_->allocated_bytes(); }
+const Config& CachingAllocator::config() const noexcept { return impl_->config(); }
+Device& CachingAllocator::device() const noexcept { return impl_->device(); }
+void CachingAllocator::set_memory_fraction(double fraction) {
+  impl_->set_memory_fraction(fraction);
+}
+void CachingAllocator::check() const { impl_->check(); }
+
+}  // namespace cistern

@@ -1,0 +1,315 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// Looking at the caching allocator: statistics, snapshots, and check(), which walks every
+// structure and recomputes every counter from the blocks themselves.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "allocator_impl.hpp"
+
+namespace cistern {
+
+using detail::Block;
+using State = detail::BlockState;
+using detail::StreamPool;
+
+// --- statistics -----------------------------------------------------------------------------------------
+
+Stats CachingAllocator::Impl::stats() const {
+  std::lock_guard<std::mutex> global(mutex_);
+  AllPoolsLock locks(pools_, nullptr);
+  Stats s;
+  if (shared_.load(std::memory_order_relaxed) == nullptr) {
+    if (!pools_.all().empty()) s = pools_.all().front()->stats().get();
+  } else {
+    // Current values and peaks are allocator-wide atomics; running sums add up over pools.
+    for (const auto& pool : pools_.all()) {
+      const Stats& p = pool->stats().get();
+      for (int k = 0; k < kStatKinds; ++k) {
+        for (int q = 0; q < kStatPools; ++q) {
+          s.array[k][q].allocated += p.array[k][q].allocated;
+          s.array[k][q].freed += p.array[k][q].freed;
+        }
+      }
+      s.oversize_allocations.allocated += p.oversize_allocations.allocated;
+      s.oversize_allocations.freed += p.oversize_allocations.freed;
+      s.oversize_segments.allocated += p.oversize_segments.allocated;
+      s.oversize_segments.freed += p.oversize_segments.freed;
+    }
+    shared_stats_.export_to(s);
+  }
+  s.num_alloc_retries = num_alloc_retries_;
+  s.num_ooms = num_ooms_;
+  s.num_sync_all_streams = num_sync_all_streams_;
+  s.num_device_alloc = num_device_alloc_;
+  s.num_device_free = num_device_free_;
+  s.num_cross_stream_reuse = num_cross_stream_reuse_;
+  s.max_split_size =
+      config_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(config_.max_split_size);
+  return s;
+}
+
+namespace {
+
+template <class F>
+void for_each_stat(Stats& s, F&& f) {
+  for (auto& row : s.array)
+    for (Stat& stat : row) f(stat);
+  f(s.oversize_allocations);
+  f(s.oversize_segments);
+}
+
+}  // namespace
+
+void CachingAllocator::Impl::reset_peak_stats() {
+  std::lock_guard<std::mutex> global(mutex_);
+  AllPoolsLock locks(pools_, nullptr);
+  for (const auto& pool : pools_.all()) {
+    for_each_stat(pool->stats().get(), [](Stat& stat) { stat.peak = stat.current; });
+  }
+  shared_stats_.reset_peaks();
+}
+
+void CachingAllocator::Impl::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> global(mutex_);
+  AllPoolsLock locks(pools_, nullptr);
+  for (const auto& pool : pools_.all()) {
+    for_each_stat(pool->stats().get(), [](Stat& stat) { stat.allocated = stat.freed = 0; });
+  }
+  num_alloc_retries_ = num_ooms_ = num_sync_all_streams_ = 0;
+  num_device_alloc_ = num_device_free_ = num_cross_stream_reuse_ = 0;
+}
+
+// --- snapshot -------------------------------------------------------------------------------------------
+
+namespace {
+
+cistern::BlockState snapshot_state(State state) {
+  switch (state) {
+    case State::allocated: return cistern::BlockState::active_allocated;
+    case State::pending: return cistern::BlockState::active_pending_free;
+    case State::free: break;
+  }
+  return cistern::BlockState::inactive;
+}
+
+}  // namespace
+
+Snapshot CachingAllocator::Impl::snapshot() const {
+  std::lock_guard<std::mutex> global(mutex_);
+  AllPoolsLock locks(pools_, nullptr);
+  Snapshot snap;
+  for (const auto& pool : pools_.all()) {
+    for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
+      SegmentInfo info;
+      info.device = device_.index();
+      info.address = s->base;
+      info.total_size = s->size;
+      info.stream = pool->stream;
+      info.is_large = s->large;
+      for (const Block* b = s->head; b != nullptr; b = b->next) {
+        info.blocks.push_back({b->addr, b->size, b->requested, snapshot_state(b->state)});
+        if (b->state == State::allocated) info.allocated_size += b->size;
+        if (!b->is_free()) {
+          info.active_size += b->size;
+          info.requested_size += b->requested;
+        }
+      }
+      snap.segments.push_back(std::move(info));
+    }
+  }
+  std::sort(snap.segments.begin(), snap.segments.end(),
+            [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });
+  return snap;
+}
+
+// --- check ------------------------------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void violated(const StreamPool& pool, const std::string& what) {
+  throw InvariantViolation(
+      fmt::format("cistern::check: pool of stream {:#x}: {}", pool.stream.handle, what));
+}
+
+void expect(bool ok, const StreamPool& pool, const char* what) {
+  if (!ok) violated(pool, what);
+}
+
+// Recomputes the current value of every statistic from the blocks of one segment.
+void count_segment(const detail::Segment& s, const detail::SizePolicy& policy, Stats& totals) {
+  const bool small = !s.large;
+  auto add = [&](StatKind kind, std::int64_t delta) {
+    totals.get(kind, small ? StatPool::small_pool : StatPool::large_pool).current += delta;
+    totals.get(kind, StatPool::all).current += delta;
+  };
+  add(StatKind::segment, 1);
+  add(StatKind::reserved_bytes, static_cast<std::int64_t>(s.size));
+  if (policy.is_oversize(s.size)) totals.oversize_segments.current += 1;
+  for (const Block* b = s.head; b != nullptr; b = b->next) {
+    const auto size = static_cast<std::int64_t>(b->size);
+    if (b->state == State::allocated) {
+      add(StatKind::allocation, 1);
+      add(StatKind::allocated_bytes, size);
+      if (policy.is_oversize(b->size)) totals.oversize_allocations.current += 1;
+    }
+    if (!b->is_free()) {
+      add(StatKind::active, 1);
+      add(StatKind::active_bytes, size);
+      add(StatKind::requested_bytes, static_cast<std::int64_t>(b->requested));
+    } else if (!b->is_whole_segment()) {
+      add(StatKind::inactive_split, 1);
+      add(StatKind::inactive_split_bytes, size);
+    }
+  }
+}
+
+// The blocks of a segment tile it, link both ways, belong to it, and never leave two free
+// neighbours uncoalesced.
+void check_segment(const StreamPool& pool, const detail::Segment& s) {
+  expect(s.owner == &pool, pool, "segment owned by another pool");
+  expect(s.head != nullptr && s.head->addr == s.base && s.head->prev == nullptr, pool,
+         "segment head is not the block at its base");
+  std::uintptr_t expected_addr = s.base;
+  const Block* previous = nullptr;
+  for (const Block* b = s.head; b != nullptr; b = b->next) {
+    if (b->segment != &s) violated(pool, fmt::format("block {:#x} points to another segment", b->addr));
+    if (b->addr != expected_addr) {
+      violated(pool, fmt::format("gap or overlap at {:#x} in segment {:#x}", b->addr, s.base));
+    }
+    if (b->prev != previous) violated(pool, fmt::format("block {:#x}: prev link broken", b->addr));
+    if (b->size == 0) violated(pool, fmt::format("block {:#x} has size 0", b->addr));
+    if (previous != nullptr && previous->is_free() && b->is_free()) {
+      violated(pool, fmt::format("free neighbours {:#x} and {:#x} not coalesced", previous->addr,
+                                 b->addr));
+    }
+    expected_addr = b->addr + b->size;
+    previous = b;
+  }
+  if (expected_addr != s.base + s.size) {
+    violated(pool, fmt::format("blocks of segment {:#x} cover {} of {} bytes", s.base,
+                               expected_addr - s.base, s.size));
+  }
+}
+
+// Every block's state is reflected in exactly the structure that should hold it.
+void check_block_membership(const StreamPool& pool, const Block* b) {
+  switch (b->state) {
+    case State::allocated:
+      expect(pool.find_allocated(b->addr) == b, pool, "allocated block missing from the map");
+      break;
+    case State::pending:
+      expect(b->pending_events > 0, pool, "pending block without events");
+      expect(pool.find_allocated(b->addr) == nullptr, pool, "pending block still in the map");
+      break;
+    case State::free:
+      expect(pool.index(!b->segment->large).contains(b), pool, "free block missing from index");
+      expect(b->counted_split == !b->is_whole_segment(), pool,
+             "free block's split accounting is stale");
+      break;
+  }
+}
+
+}  // namespace
+
+void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) const {
+  Stats expected;
+  std::size_t segments = 0;
+  std::size_t allocated = 0;
+  std::size_t free_blocks[2] = {0, 0};  // small, large
+  std::size_t whole[2] = {0, 0};
+  std::map<const Block*, std::uint32_t> pending_blocks;
+  for (const detail::Segment* s = pool.segments(); s != nullptr; s = s->next) {
+    ++segments;
+    check_segment(pool, *s);
+    count_segment(*s, policy_, expected);
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      check_block_membership(pool, b);
+      const int kind = s->large ? 1 : 0;
+      if (b->state == State::allocated) ++allocated;
+      if (b->state == State::pending) pending_blocks[b] = b->pending_events;
+      if (b->is_free()) ++free_blocks[kind];
+      if (b->is_free() && b->is_whole_segment()) ++whole[kind];
+    }
+  }
+  expect(segments == pool.segment_count(), pool, "segment count disagrees with the list");
+  expect(allocated == pool.allocated().size(), pool, "pointer map holds other blocks");
+  for (const bool small : {true, false}) {
+    const detail::BlockIndex& index = pool.index(small);
+    if (const char* problem = index.check()) violated(pool, problem);
+    expect(index.count() == free_blocks[small ? 0 : 1], pool, "index count disagrees");
+    std::size_t listed = 0;
+    for (const Block* b = pool.whole_free(small); b != nullptr; b = b->whole_next) {
+      expect(b->is_free() && b->is_whole_segment() && b->segment->large == !small, pool,
+             "whole-segment list holds a block that is not a whole free segment");
+      ++listed;
+    }
+    expect(listed == whole[small ? 0 : 1], pool, "whole-segment list misses segments");
+  }
+  std::size_t queued = 0;
+  for (const detail::PendingQueue& queue : pool.pending()) {
+    for (const detail::PendingFree& entry : queue.entries) {
+      auto it = pending_blocks.find(entry.block);
+      expect(it != pending_blocks.end() && it->second > 0, pool,
+             "pending queue refers to a block that is not pending");
+      --it->second;
+      ++queued;
+    }
+  }
+  expect(queued == pool.pending_count(), pool, "pending count disagrees with the queues");
+  for (const auto& entry : pending_blocks) {
+    expect(entry.second == 0, pool, "a pending block's event count disagrees with the queues");
+  }
+  const Stats& actual = pool.stats().get();
+  for (int k = 0; k < kStatKinds; ++k) {
+    for (int q = 0; q < kStatPools; ++q) {
+      if (actual.array[k][q].current != expected.array[k][q].current) {
+        violated(pool, fmt::format("{}.{}.current is {} but the blocks say {}",
+                                   to_string(static_cast<StatKind>(k)),
+                                   to_string(static_cast<StatPool>(q)), actual.array[k][q].current,
+                                   expected.array[k][q].current));
+      }
+      totals.array[k][q].current += expected.array[k][q].current;
+    }
+  }
+  expect(actual.oversize_allocations.current == expected.oversize_allocations.current, pool,
+         "oversize_allocations.current disagrees with the blocks");
+  expect(actual.oversize_segments.current == expected.oversize_segments.current, pool,
+         "oversize_segments.current disagrees with the segments");
+  totals.oversize_allocations.current += expected.oversize_allocations.current;
+  totals.oversize_segments.current += expected.oversize_segments.current;
+  expect(pool.allocated_bytes_relaxed() ==
+             expected.get(StatKind::allocated_bytes, StatPool::all).current,
+         pool, "allocated-bytes mirror disagrees");
+}
+
+void CachingAllocator::Impl::check() const {
+  std::lock_guard<std::mutex> global(mutex_);
+  AllPoolsLock locks(pools_, nullptr);
+  Stats totals;
+  for (const auto& pool : pools_.all()) check_pool(*pool, totals);
+  const std::int64_t reserved = totals.get(StatKind::reserved_bytes, StatPool::all).current;
+  if (static_cast<std::int64_t>(reserved_bytes()) != reserved) {
+    throw InvariantViolation(fmt::format("cistern::check: reserved counter {} but segments hold {}",
+                                         reserved_bytes(), reserved));
+  }
+  if (shared_.load(std::memory_order_relaxed) != nullptr) {
+    Stats shared;
+    shared_stats_.export_to(shared);
+    for (int k = 0; k < kStatKinds; ++k) {
+      for (int q = 0; q < kStatPools; ++q) {
+        if (shared.array[k][q].current != totals.array[k][q].current ||
+            shared.array[k][q].peak < shared.array[k][q].current) {
+          throw InvariantViolation(fmt::format(
+              "cistern::check: allocator-wide {}.{} is {} (peak {}) but the pools hold {}",
+              to_string(static_cast<StatKind>(k)), to_string(static_cast<StatPool>(q)),
+              shared.array[k][q].current, shared.array[k][q].peak, totals.array[k][q].current));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cistern

@@ -1,0 +1,91 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The size policy: how a request is rounded, which pool serves it, how large a segment is
+// obtained for it, and when a cached block may be split or may serve a request. These are
+// PyTorch's rules by default (see ../shared/reference/pytorch-caching-allocator.md, sections 1-2),
+// parameterised by `Config`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cistern/config.hpp"
+
+namespace cistern::detail {
+
+/// Requests above this are impossible on any device (64 PiB); they fail before any rounding.
+inline constexpr std::size_t kMaxRequest = std::size_t{1} << 56;
+
+/// Rounds `x` up to a multiple of the power of two `to`.
+constexpr std::size_t round_up(std::size_t x, std::size_t to) noexcept {
+  return (x + to - 1) & ~(to - 1);
+}
+
+/// floor(log2(x)) for x > 0.
+inline int log2_floor(std::uint64_t x) noexcept { return 63 - __builtin_clzll(x); }
+
+/// The policy, precomputed from a `Config`.
+class SizePolicy {
+ public:
+  explicit SizePolicy(const Config& config) : config_(&config) {}
+
+  /// The block size that serves a request of `bytes` (0 < bytes <= kMaxRequest).
+  std::size_t round(std::size_t bytes) const noexcept {
+    const std::size_t min_block = config_->min_block_size;
+    if (bytes <= min_block) return min_block;
+    const std::uint32_t divisions = divisions_for(bytes);
+    if (divisions > 1 && bytes > min_block * divisions) return round_to_division(bytes, divisions);
+    return round_up(bytes, min_block);
+  }
+
+  /// Whether a rounded size is served from the small pool.
+  bool is_small(std::size_t rounded) const noexcept { return rounded <= config_->small_size; }
+
+  /// The segment obtained from the device for a rounded request that found no cached block.
+  std::size_t segment_size(std::size_t rounded) const noexcept {
+    if (is_small(rounded)) return config_->small_segment_size;
+    if (rounded < config_->min_large_alloc) return config_->large_segment_size;
+    return round_up(rounded, config_->round_large);
+  }
+
+  /// Whether a cached block of `block_size` may serve a request of rounded size `size`
+  /// (the oversize rules of `max_split_size`).
+  bool may_serve(std::size_t block_size, std::size_t size) const noexcept {
+    const std::size_t max_split = config_->max_split_size;
+    if (size < max_split) return block_size < max_split;
+    return block_size < size + config_->max_non_split_rounding;
+  }
+
+  /// Whether a block of `block_size` serving `size` is split, leaving the rest cached.
+  bool should_split(std::size_t block_size, std::size_t size, bool small) const noexcept {
+    const std::size_t rest = block_size - size;
+    if (small) return rest >= config_->min_block_size;
+    return size < config_->max_split_size && rest > config_->small_size;
+  }
+
+  /// Whether a block or segment counts as oversize.
+  bool is_oversize(std::size_t size) const noexcept { return size >= config_->max_split_size; }
+
+ private:
+  // PyTorch's interval index: floor(log2(bytes)) - 20, clamped to the table.
+  std::uint32_t divisions_for(std::size_t bytes) const noexcept {
+    int index = log2_floor(bytes) - 20;
+    if (index < 0) index = 0;
+    if (index >= kRoundupIntervals) index = kRoundupIntervals - 1;
+    return config_->roundup_power2_divisions[static_cast<std::size_t>(index)];
+  }
+
+  // Rounds up to the next of `divisions` equal steps between two powers of two; powers of two
+  // are kept as they are.
+  static std::size_t round_to_division(std::size_t bytes, std::uint32_t divisions) noexcept {
+    if ((bytes & (bytes - 1)) == 0) return bytes;
+    const std::size_t floor2 = std::size_t{1} << log2_floor(bytes);
+    const std::size_t step = floor2 >> log2_floor(divisions);
+    if (step == 0) return floor2 << 1;
+    return round_up(bytes, step);
+  }
+
+  const Config* config_;
+};
+
+}  // namespace cistern::detail

@@ -1,0 +1,248 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+#include "stream_pool.hpp"
+
+#include <algorithm>
+
+#include "cistern/device.hpp"
+#include "device_call.hpp"
+
+namespace cistern::detail {
+
+void BlockArena::grow() {
+  constexpr std::size_t kChunk = 256;
+  chunks_.push_back(std::make_unique<Block[]>(kChunk));
+  Block* chunk = chunks_.back().get();
+  for (std::size_t i = 0; i < kChunk; ++i) {
+    chunk[i].next = free_;
+    free_ = &chunk[i];
+  }
+}
+
+EventPool::~EventPool() {
+  for (Event e : free_) (void)device_.destroy_event(e);
+}
+
+Event EventPool::acquire() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      const Event e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+  }
+  Event e;
+  check_device(device_, device_.create_event(&e), DeviceOp::create_event);
+  return e;
+}
+
+void EventPool::release(Event event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(event);
+}
+
+StreamPool::StreamPool(Stream s, const SizePolicy& policy, std::atomic<SharedStats*>& shared)
+    : stream(s), policy_(policy), shared_(shared) {}
+
+StreamPool::~StreamPool() {
+  // Segments are returned to the device by the allocator; only the bookkeeping remains here.
+  for (Segment* s = segments_; s != nullptr;) {
+    Segment* next = s->next;
+    delete s;
+    s = next;
+  }
+}
+
+// --- index bookkeeping ------------------------------------------------------------------------------
+
+void StreamPool::index_block(Block* b) noexcept {
+  const bool small = !b->segment->large;
+  b->gc_base = lookups_[small ? 0 : 1];
+  index(small).insert(b);
+  if (b->is_whole_segment()) {
+    Block*& head = whole_[small ? 0 : 1];
+    b->whole_prev = nullptr;
+    b->whole_next = head;
+    if (head != nullptr) head->whole_prev = b;
+    head = b;
+    b->counted_split = false;
+  } else {
+    b->counted_split = true;
+    stats_.add(StatKind::inactive_split, small, 1, shared());
+    stats_.add(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size), shared());
+  }
+}
+
+void StreamPool::unindex(Block* b) noexcept {
+  const bool small = !b->segment->large;
+  index(small).remove(b);
+  if (b->counted_split) {
+    stats_.add(StatKind::inactive_split, small, -1, shared());
+    stats_.add(StatKind::inactive_split_bytes, small, -static_cast<std::int64_t>(b->size), shared());
+    b->counted_split = false;
+    return;
+  }
+  Block*& head = whole_[small ? 0 : 1];
+  if (b->whole_prev != nullptr) b->whole_prev->whole_next = b->whole_next;
+  else head = b->whole_next;
+  if (b->whole_next != nullptr) b->whole_next->whole_prev = b->whole_prev;
+  b->whole_prev = b->whole_next = nullptr;
+}
+
+// Cuts `b` to `size`; the rest becomes a new free block right after it.
+void StreamPool::split(Block* b, std::size_t size) {
+  Block* rest = arena_.make();
+  rest->addr = b->addr + size;
+  rest->size = b->size - size;
+  rest->segment = b->segment;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next != nullptr) b->next->prev = rest;
+  b->next = rest;
+  b->size = size;
+  index_block(rest);
+}
+
+// Merges the free neighbour `gone` into `into` (both in the same segment, adjacent).
+void StreamPool::absorb(Block* into, Block* gone) noexcept {
+  unindex(gone);
+  if (gone->addr < into->addr) {
+    into->addr = gone->addr;
+    into->prev = gone->prev;
+    if (into->prev != nullptr) into->prev->next = into;
+    else into->segment->head = into;
+  } else {
+    into->next = gone->next;
+    if (into->next != nullptr) into->next->prev = into;
+  }
+  into->size += gone->size;
+  arena_.recycle(gone);
+}
+
+void StreamPool::coalesce(Block* b) noexcept {
+  if (b->prev != nullptr && b->prev->is_free()) absorb(b, b->prev);
+  if (b->next != nullptr && b->next->is_free()) absorb(b, b->next);
+  index_block(b);
+}
+
+// --- pending frees ----------------------------------------------------------------------------------
+
+void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
+                              const std::vector<Stream>& streams) {
+  b->state = BlockState::pending;
+  b->pending_events = static_cast<std::uint32_t>(events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    auto queue = std::find_if(pending_.begin(), pending_.end(),
+                              [&](const PendingQueue& q) { return q.stream == streams[i]; });
+    if (queue == pending_.end()) {
+      pending_.push_back(PendingQueue{streams[i], {}});
+      queue = pending_.end() - 1;
+    }
+    queue->entries.push_back(PendingFree{events[i], b});
+    ++pending_count_;
+  }
+}
+
+void StreamPool::process_events(Device& device, EventPool& events) {
+  for (PendingQueue& queue : pending_) {
+    while (!queue.entries.empty()) {
+      const PendingFree front = queue.entries.front();
+      const Status status = device.query_event(front.event);
+      if (status == Status::not_ready) break;  // later events of this stream are later still
+      check_device(device, status, DeviceOp::query_event);
+      queue.entries.pop_front();
+      --pending_count_;
+      events.release(front.event);
+      if (--front.block->pending_events == 0) cache(front.block);
+    }
+  }
+}
+
+void StreamPool::synchronize_events(Device& device, EventPool& events) {
+  for (PendingQueue& queue : pending_) {
+    while (!queue.entries.empty()) {
+      const PendingFree front = queue.entries.front();
+      check_device(device, device.synchronize_event(front.event), DeviceOp::synchronize_event);
+      queue.entries.pop_front();
+      --pending_count_;
+      events.release(front.event);
+      if (--front.block->pending_events == 0) cache(front.block);
+    }
+  }
+}
+
+// --- segments ------------------------------------------------------------------------------------------
+
+void StreamPool::link_segment(Segment* s) noexcept {
+  s->owner = this;
+  s->prev = nullptr;
+  s->next = segments_;
+  if (segments_ != nullptr) segments_->prev = s;
+  segments_ = s;
+  ++segment_count_;
+}
+
+void StreamPool::unlink_segment(Segment* s) noexcept {
+  if (s->prev != nullptr) s->prev->next = s->next;
+  else segments_ = s->next;
+  if (s->next != nullptr) s->next->prev = s->prev;
+  s->prev = s->next = nullptr;
+  s->owner = nullptr;
+  --segment_count_;
+}
+
+Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool large) {
+  auto segment = std::make_unique<Segment>();
+  Block* b = arena_.make();
+  segment->base = base;
+  segment->size = size;
+  segment->large = large;
+  segment->head = b;
+  b->addr = base;
+  b->size = size;
+  b->segment = segment.get();
+  link_segment(segment.release());
+  const bool small = !large;
+  stats_.add(StatKind::segment, small, 1, shared());
+  stats_.add(StatKind::reserved_bytes, small, static_cast<std::int64_t>(size), shared());
+  if (policy_.is_oversize(size)) stats_.add_oversize_segments(1, shared());
+  index_block(b);
+  return b;
+}
+
+Segment* StreamPool::remove_whole_segment(Block* b, bool count_as_freed) {
+  Segment* segment = b->segment;
+  const bool small = !segment->large;
+  const auto size = static_cast<std::int64_t>(segment->size);
+  unindex(b);
+  unlink_segment(segment);
+  if (count_as_freed) {
+    stats_.add(StatKind::segment, small, -1, shared());
+    stats_.add(StatKind::reserved_bytes, small, -size, shared());
+    if (policy_.is_oversize(segment->size)) stats_.add_oversize_segments(-1, shared());
+    segment->head = nullptr;
+    arena_.recycle(b);
+  } else {
+    stats_.transfer(StatKind::segment, small, -1);
+    stats_.transfer(StatKind::reserved_bytes, small, -size);
+    if (policy_.is_oversize(segment->size)) stats_.transfer_oversize_segments(-1);
+  }
+  return segment;
+}
+
+void StreamPool::adopt_segment(Segment* segment) {
+  const bool small = !segment->large;
+  link_segment(segment);
+  stats_.transfer(StatKind::segment, small, 1);
+  stats_.transfer(StatKind::reserved_bytes, small, static_cast<std::int64_t>(segment->size));
+  if (policy_.is_oversize(segment->size)) stats_.transfer_oversize_segments(1);
+  index_block(segment->head);
+}
+
+std::size_t StreamPool::largest_free(bool small) const noexcept {
+  std::size_t largest = 0;
+  index(small).for_each([&](const Block* b) { largest = std::max(largest, b->size); });
+  return largest;
+}
+
+}  // namespace cistern::detail

@@ -1,0 +1,227 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// StreamPool: everything one stream owns - its segments, its cached blocks (small and large
+// indexes), its allocated blocks, its pending frees - behind one lock.
+//
+// The cache-hit path of the allocator is entirely inside one pool: find a block, split it,
+// record it; free it, coalesce it, index it. Nothing here calls the device except the event
+// operations of pending frees. Methods marked "pool lock held" must be called with `mutex` locked;
+// the allocator takes its global lock as well before it touches two pools or the device.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "block.hpp"
+#include "block_index.hpp"
+#include "cistern/types.hpp"
+#include "pool_stats.hpp"
+#include "ptr_map.hpp"
+#include "size_policy.hpp"
+
+namespace cistern {
+class Device;
+}
+
+namespace cistern::detail {
+
+/// Recycles Block objects so the hot path never calls the system allocator.
+class BlockArena {
+ public:
+  Block* make() {
+    if (free_ == nullptr) grow();
+    Block* b = free_;
+    free_ = b->next;
+    b->next = nullptr;
+    return b;
+  }
+  void recycle(Block* b) noexcept {
+    b->stream_uses.clear();
+    b->prev = b->left = b->right = b->whole_prev = b->whole_next = nullptr;
+    b->segment = nullptr;
+    b->requested = 0;
+    b->pending_events = 0;
+    b->state = BlockState::free;
+    b->counted_split = false;
+    b->next = free_;
+    free_ = b;
+  }
+
+ private:
+  void grow();
+  std::vector<std::unique_ptr<Block[]>> chunks_;
+  Block* free_ = nullptr;
+};
+
+/// Pooled events (created once, reused), shared by all pools of an allocator.
+class EventPool {
+ public:
+  explicit EventPool(Device& device) : device_(device) {}
+  ~EventPool();
+  /// An event ready to record; throws DeviceError when the device cannot create one.
+  Event acquire();
+  /// Returns an event for reuse.
+  void release(Event event);
+
+ private:
+  Device& device_;
+  std::mutex mutex_;
+  std::vector<Event> free_;
+};
+
+/// A free that waits for an event recorded on another stream.
+struct PendingFree {
+  Event event;
+  Block* block;
+};
+
+/// Pending frees of one use stream, in record order (completion is FIFO per stream).
+struct PendingQueue {
+  Stream stream;
+  std::deque<PendingFree> entries;
+};
+
+class StreamPool {
+ public:
+  StreamPool(Stream stream, const SizePolicy& policy, std::atomic<SharedStats*>& shared);
+  ~StreamPool();
+
+  const Stream stream;
+  std::mutex mutex;
+
+  // --- the hot path (pool lock held) -------------------------------------------------------------
+
+  /// The best cached block for a rounded size that the size policy lets serve it, or nullptr.
+  Block* find(std::size_t size, bool small) noexcept {
+    ++lookups_[small ? 0 : 1];
+    Block* b = index(small).best_fit(size);
+    return (b != nullptr && policy_.may_serve(b->size, size)) ? b : nullptr;
+  }
+
+  /// Hands out the cached block `b` for a request of `requested` bytes rounded to `size`,
+  /// splitting off the rest when the policy says so.
+  void* take(Block* b, std::size_t size, std::size_t requested) {
+    const bool small = !b->segment->large;
+    unindex(b);
+    if (policy_.should_split(b->size, size, small)) split(b, size);
+    b->state = BlockState::allocated;
+    b->requested = requested;
+    allocated_.insert(b->addr, b);
+    account_allocation(b, small, +1);
+    return reinterpret_cast<void*>(b->addr);
+  }
+
+  /// The allocated block at `addr`, or nullptr.
+  Block* find_allocated(std::uintptr_t addr) const noexcept { return allocated_.find(addr); }
+
+  /// Ends the allocation of `b` (it must be allocated here). With no other user it is cached at
+  /// once; otherwise the caller must make it pending (`make_pending`).
+  void end_allocation(Block* b) noexcept {
+    allocated_.erase(b->addr);
+    account_allocation(b, !b->segment->large, -1);
+  }
+
+  /// Caches a block that nobody uses any more: coalesce with free neighbours, index.
+  void cache(Block* b) noexcept {
+    const bool small = !b->segment->large;
+    stats_.add(StatKind::active, small, -1, shared());
+    stats_.add(StatKind::active_bytes, small, -static_cast<std::int64_t>(b->size), shared());
+    stats_.add(StatKind::requested_bytes, small, -static_cast<std::int64_t>(b->requested), shared());
+    b->state = BlockState::free;
+    b->requested = 0;
+    b->stream_uses.clear();
+    coalesce(b);
+  }
+
+  // --- pending frees (pool lock held) ------------------------------------------------------------
+
+  /// Makes an ended allocation wait for `events` (recorded on `streams`, same order).
+  void make_pending(Block* b, const std::vector<Event>& events, const std::vector<Stream>& streams);
+  /// Whether any free is pending.
+  bool has_pending() const noexcept { return pending_count_ != 0; }
+  /// Caches every pending block whose events have completed. Throws DeviceError (leaving the
+  /// pool consistent) when a query fails.
+  void process_events(Device& device, EventPool& events);
+  /// Waits for every pending event and caches the blocks. Throws DeviceError on failure.
+  void synchronize_events(Device& device, EventPool& events);
+
+  // --- segments (pool lock and global lock held) -------------------------------------------------
+
+  /// Adopts a new segment obtained from the device; returns its single free block (indexed).
+  Block* add_new_segment(std::uintptr_t base, std::size_t size, bool large);
+  /// Removes a whole free segment's block from the cache and forgets the segment; returns it.
+  /// `count_as_freed`: false when the segment moves to another pool.
+  Segment* remove_whole_segment(Block* b, bool count_as_freed);
+  /// Takes over a segment removed from another pool (its single block free).
+  void adopt_segment(Segment* segment);
+  /// Whole free segments of one kind (a list through whole_next).
+  Block* whole_free(bool small) const noexcept { return whole_[small ? 0 : 1]; }
+  /// The lookup count of a kind (ages of cached blocks for garbage collection).
+  std::uint64_t lookups(bool small) const noexcept { return lookups_[small ? 0 : 1]; }
+
+  // --- observation (pool lock held) --------------------------------------------------------------
+
+  const PoolStats& stats() const noexcept { return stats_; }
+  PoolStats& stats() noexcept { return stats_; }
+  Segment* segments() const noexcept { return segments_; }
+  std::size_t segment_count() const noexcept { return segment_count_; }
+  const BlockIndex& index(bool small) const noexcept { return indexes_[small ? 0 : 1]; }
+  const PtrMap& allocated() const noexcept { return allocated_; }
+  const std::vector<PendingQueue>& pending() const noexcept { return pending_; }
+  std::size_t pending_count() const noexcept { return pending_count_; }
+  /// allocated_bytes of this pool, readable without the lock.
+  std::int64_t allocated_bytes_relaxed() const noexcept {
+    return allocated_mirror_.load(std::memory_order_relaxed);
+  }
+  /// The largest cached free block of a kind (0 if none).
+  std::size_t largest_free(bool small) const noexcept;
+
+ private:
+  BlockIndex& index(bool small) noexcept { return indexes_[small ? 0 : 1]; }
+  SharedStats* shared() const noexcept { return shared_.load(std::memory_order_relaxed); }
+
+  void account_allocation(Block* b, bool small, std::int64_t sign) noexcept {
+    SharedStats* sh = shared();
+    const auto size = static_cast<std::int64_t>(b->size);
+    stats_.add(StatKind::allocation, small, sign, sh);
+    stats_.add(StatKind::allocated_bytes, small, sign * size, sh);
+    if (sign > 0) {  // allocation starts activity; it ends only when the block is cached
+      stats_.add(StatKind::active, small, 1, sh);
+      stats_.add(StatKind::active_bytes, small, size, sh);
+      stats_.add(StatKind::requested_bytes, small, static_cast<std::int64_t>(b->requested), sh);
+    }
+    if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(sign, sh);
+    allocated_mirror_.store(allocated_mirror_.load(std::memory_order_relaxed) + sign * size,
+                            std::memory_order_relaxed);
+  }
+
+  // Index bookkeeping: the block index, the whole-segment list and inactive_split.
+  void index_block(Block* b) noexcept;
+  void unindex(Block* b) noexcept;
+  void split(Block* b, std::size_t size);
+  void coalesce(Block* b) noexcept;
+  void absorb(Block* into, Block* gone) noexcept;
+  void link_segment(Segment* s) noexcept;
+  void unlink_segment(Segment* s) noexcept;
+
+  const SizePolicy& policy_;
+  std::atomic<SharedStats*>& shared_;
+  BlockIndex indexes_[2];  // small, large
+  Block* whole_[2] = {nullptr, nullptr};
+  PtrMap allocated_;
+  std::vector<PendingQueue> pending_;
+  std::size_t pending_count_ = 0;
+  Segment* segments_ = nullptr;
+  std::size_t segment_count_ = 0;
+  std::uint64_t lookups_[2] = {0, 0};
+  PoolStats stats_;
+  BlockArena arena_;
+  std::atomic<std::int64_t> allocated_mirror_{0};
+};
+
+}  // namespace cistern::detail

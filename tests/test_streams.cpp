@@ -1,0 +1,144 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// Streams: per-stream pools, record_stream and frees on other streams (event-gated reuse), and
+// taking over another stream's cached segment (ordered after its work with an event). The
+// simulated streams only complete work when the clock moves, so "reused too early" is visible.
+#include <gtest/gtest.h>
+
+#include "allocator_fixture.hpp"
+
+namespace cistern::testing {
+namespace {
+
+class StreamTest : public AllocatorTest {
+ protected:
+  void SetUp() override {
+    AllocatorTest::SetUp();
+    s1 = device->create_stream();
+    s2 = device->create_stream();
+  }
+  Stream s1, s2;
+};
+
+TEST_F(StreamTest, EachStreamHasItsOwnPool) {
+  void* a = alloc->allocate(4096, s1);
+  alloc->deallocate(a, s1);
+  // s1's cached block is not split for s2: a small segment is a whole segment only when free,
+  // and it is, so s2 takes the segment over instead of asking the device.
+  void* b = alloc->allocate(4096, s2);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(device_calls(DeviceOp::allocate), 1u);
+  EXPECT_EQ(alloc->stats().num_cross_stream_reuse, 1);
+  // While s2 holds part of it, s1 gets a new segment.
+  void* c = alloc->allocate(4096, s1);
+  EXPECT_NE(addr(c) & ~(2 * MiB - 1), addr(b) & ~(2 * MiB - 1));
+  EXPECT_EQ(device_calls(DeviceOp::allocate), 2u);
+  alloc->deallocate(b, s2);
+  alloc->deallocate(c, s1);
+}
+
+TEST_F(StreamTest, TakeOverOrdersTheNewStreamAfterTheOldStreamsWork) {
+  void* a = alloc->allocate(8 * MiB, s1);
+  device->launch(s1, 1000);  // a kernel on s1 still uses `a`
+  alloc->deallocate(a, s1);
+  void* b = alloc->allocate(8 * MiB, s2);
+  EXPECT_EQ(a, b);
+  // s2's later work cannot start before s1's kernel has finished.
+  EXPECT_GE(device->stream_done_at(s2), device->stream_done_at(s1));
+  EXPECT_EQ(device->now(), 0u);  // and the host never waited
+  EXPECT_EQ(device_calls(DeviceOp::stream_wait_event), 1u);
+  alloc->deallocate(b, s2);
+}
+
+TEST_F(StreamTest, CrossStreamReuseCanBeSwitchedOff) {
+  make("cross_stream_reuse:False");
+  s1 = device->create_stream();
+  s2 = device->create_stream();
+  void* a = alloc->allocate(4096, s1);
+  alloc->deallocate(a, s1);
+  void* b = alloc->allocate(4096, s2);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(device_calls(DeviceOp::allocate), 2u);
+  alloc->deallocate(b, s2);
+}
+
+TEST_F(StreamTest, RecordStreamDelaysReuseUntilTheOtherStreamsWorkCompletes) {
+  void* a = alloc->allocate(4096, s1);
+  alloc->record_stream(a, s2);
+  alloc->record_stream(a, s2);  // recorded once
+  alloc->record_stream(a, s1);  // the allocating stream is ignored
+  device->launch(s2, 500);
+  alloc->deallocate(a, s1);
+  EXPECT_EQ(stat(StatKind::allocated_bytes), 0);
+  EXPECT_EQ(stat(StatKind::active_bytes), 4096);  // pending: still active
+  EXPECT_EQ(alloc->snapshot().segments[0].blocks[0].state, BlockState::active_pending_free);
+
+  void* b = alloc->allocate(4096, s1);
+  EXPECT_NE(a, b);  // s2 may still be reading a
+  device->advance(500);
+  alloc->deallocate(b, s1);
+  void* c = alloc->allocate(4096, s1);  // the event has completed: a is cached again
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(stat(StatKind::active_bytes), 4096);
+  EXPECT_EQ(device_calls(DeviceOp::record_event), 1u);
+  alloc->deallocate(c, s1);
+}
+
+TEST_F(StreamTest, FreeOnAnotherStreamWaitsForThatStream) {
+  void* a = alloc->allocate(4096, s1);
+  device->launch(s2, 100);
+  alloc->deallocate(a, s2);  // ordered on s2
+  void* b = alloc->allocate(4096, s1);
+  EXPECT_NE(a, b);
+  device->advance(100);
+  alloc->deallocate(b, s1);
+  EXPECT_EQ(alloc->allocate(4096, s1), a);
+  alloc->deallocate(a, s1);
+}
+
+TEST_F(StreamTest, EmptyCacheWaitsForPendingFreesAndReleasesThem) {
+  void* a = alloc->allocate(4096, s1);
+  alloc->record_stream(a, s2);
+  device->launch(s2, 1000);
+  alloc->deallocate(a, s1);
+  alloc->empty_cache();
+  EXPECT_EQ(device->now(), 1000u);  // the host waited for s2
+  EXPECT_EQ(reserved(), 0);
+  EXPECT_EQ(device->used_bytes(), 0u);
+  EXPECT_EQ(alloc->stats().num_sync_all_streams, 1);
+}
+
+TEST_F(StreamTest, StatisticsAddUpAcrossPools) {
+  void* a = alloc->allocate(3 * MiB, s1);
+  void* b = alloc->allocate(5 * MiB, s2);
+  EXPECT_EQ(allocated(), static_cast<std::int64_t>(8 * MiB));
+  EXPECT_EQ(peak(StatKind::allocated_bytes), static_cast<std::int64_t>(8 * MiB));
+  alloc->deallocate(a, s1);
+  void* c = alloc->allocate(1 * MiB, s2);
+  EXPECT_EQ(allocated(), static_cast<std::int64_t>(6 * MiB));
+  EXPECT_EQ(peak(StatKind::allocated_bytes), static_cast<std::int64_t>(8 * MiB));
+  EXPECT_EQ(reserved(), static_cast<std::int64_t>(42 * MiB));  // 1 MiB is small: a 2 MiB segment
+  const Stats s = alloc->stats();
+  EXPECT_EQ(s.get(StatKind::allocation, StatPool::all).allocated, 3);
+  EXPECT_EQ(s.get(StatKind::allocation, StatPool::all).freed, 1);
+  alloc->reset_peak_stats();
+  EXPECT_EQ(peak(StatKind::allocated_bytes), static_cast<std::int64_t>(6 * MiB));
+  alloc->deallocate(b, s2);
+  alloc->deallocate(c, s2);
+}
+
+TEST_F(StreamTest, TakeOverMovesSegmentStatisticsWithoutCountingThemTwice) {
+  void* a = alloc->allocate(30 * MiB, s1);
+  alloc->deallocate(a, s1);
+  void* b = alloc->allocate(30 * MiB, s2);
+  const Stats s = alloc->stats();
+  EXPECT_EQ(s.get(StatKind::segment, StatPool::all).current, 1);
+  EXPECT_EQ(s.get(StatKind::segment, StatPool::all).allocated, 1);
+  EXPECT_EQ(s.get(StatKind::segment, StatPool::all).freed, 0);
+  EXPECT_EQ(s.get(StatKind::reserved_bytes, StatPool::all).peak,
+            static_cast<std::int64_t>(30 * MiB));
+  alloc->deallocate(b, s2);
+}
+
+}  // namespace
+}  // namespace cistern::testing
