@@ -67,7 +67,7 @@ TEST_F(AllocatorTest, ZeroBytesIsNullAndFreeingNullIsANoOp) {
   EXPECT_EQ(device_calls(DeviceOp::allocate), 0u);
 }
 
-TEST_F(AllocatorTest, SmallBlocksSplitOneSegmentAndCoalesceBack) {
+TEST_F(AllocatorTest, SmallBlocksSplitOneSegment) {
   void* a = alloc->allocate(512, default_stream);
   void* b = alloc->allocate(1000, default_stream);
   void* c = alloc->allocate(512, default_stream);
@@ -78,23 +78,39 @@ TEST_F(AllocatorTest, SmallBlocksSplitOneSegmentAndCoalesceBack) {
   // The rest of the segment is one free block inside a split segment.
   EXPECT_EQ(stat(StatKind::inactive_split), 1);
   EXPECT_EQ(stat(StatKind::inactive_split_bytes), static_cast<std::int64_t>(2 * MiB - 2048));
-
-  alloc->deallocate(b, default_stream);
-  EXPECT_EQ(stat(StatKind::inactive_split), 2);
-  EXPECT_EQ(stat(StatKind::inactive_split_bytes), static_cast<std::int64_t>(2 * MiB - 1024));
-  alloc->check();
-  alloc->deallocate(a, default_stream);  // merges with b's block
-  EXPECT_EQ(stat(StatKind::inactive_split), 2);
-  EXPECT_EQ(stat(StatKind::inactive_split_bytes), static_cast<std::int64_t>(2 * MiB - 512));
-  alloc->deallocate(c, default_stream);  // the whole segment is free again
+  for (void* p : {a, b, c}) alloc->deallocate(p, default_stream);
+  alloc->empty_cache();  // everything coalesces back into one free segment, which is released
   EXPECT_EQ(stat(StatKind::inactive_split), 0);
-  EXPECT_EQ(stat(StatKind::inactive_split_bytes), 0);
-  EXPECT_EQ(allocated(), 0);
-  EXPECT_EQ(reserved(), static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(reserved(), 0);
+}
+
+// A freed small block is parked for requests of exactly its size; parked blocks are coalesced
+// before the allocator would grow, so a larger request still finds their combined space.
+TEST_F(AllocatorTest, FreedSmallBlocksAreParkedThenCoalescedBeforeGrowing) {
+  void* a = alloc->allocate(512, default_stream);
+  void* b = alloc->allocate(1024, default_stream);
+  void* c = alloc->allocate(512, default_stream);
+  void* d = alloc->allocate(1 * MiB, default_stream);
+  void* e = alloc->allocate(1 * MiB - 2048, default_stream);  // the segment is now full
+  ASSERT_EQ(stat(StatKind::segment), 1);
+  ASSERT_EQ(stat(StatKind::inactive_split), 0);
+  for (void* p : {b, a, c}) alloc->deallocate(p, default_stream);
+  EXPECT_EQ(stat(StatKind::inactive_split), 3);  // parked, not yet coalesced
+  EXPECT_EQ(stat(StatKind::inactive_split_bytes), 2048);
+  EXPECT_EQ(alloc->snapshot().segments[0].blocks.size(), 5u);
+  EXPECT_EQ(alloc->allocate(1024, default_stream), b);  // exact size: straight back
+  alloc->deallocate(b, default_stream);
+
+  void* ab = alloc->allocate(2048, default_stream);  // fits only once a, b, c are coalesced
+  EXPECT_EQ(ab, a);
+  EXPECT_EQ(stat(StatKind::segment), 1);
+  EXPECT_EQ(device_calls(DeviceOp::allocate), 1u);
   const Snapshot snap = alloc->snapshot();
-  ASSERT_EQ(snap.segments.size(), 1u);
-  ASSERT_EQ(snap.segments[0].blocks.size(), 1u);
-  EXPECT_EQ(snap.segments[0].blocks[0].size, 2 * MiB);
+  ASSERT_EQ(snap.segments[0].blocks.size(), 3u);
+  EXPECT_EQ(snap.segments[0].blocks[0].size, 2048u);
+  EXPECT_EQ(stat(StatKind::inactive_split), 0);
+  for (void* p : {ab, d, e}) alloc->deallocate(p, default_stream);
+  EXPECT_EQ(allocated(), 0);
 }
 
 TEST_F(AllocatorTest, FreedBlockIsReusedWithoutDeviceCalls) {

@@ -69,7 +69,7 @@ class AllPoolsLock {
   AllPoolsLock& operator=(const AllPoolsLock&) = delete;
 
  private:
-  std::vector<std::mutex*> locked_;
+  std::vector<detail::SpinLock*> locked_;
 };
 
 class CachingAllocator::Impl {

@@ -9,10 +9,16 @@
 //   pending    freed by the caller, but other streams may still use it: waits for events
 //   free       cached and reusable; in its pool's block index (and, when it is a whole
 //              segment, in the pool's list of whole free segments)
+//   parked     cached and reusable, but only for a request of exactly its size: a small block
+//              freed without coalescing, on its pool's parking list for that size (the
+//              tcache idea: the next request of that size takes it back in a few instructions).
+//              Parked blocks are coalesced ("flushed") before the allocator would obtain memory,
+//              take a segment over, or release its cache, so parking never makes it grow.
 //
 // Invariants (verified by CachingAllocator::check):
 //  * the blocks of a segment tile [base, base+size) with no gap and no overlap;
-//  * no two neighbouring blocks are both free (free neighbours are always coalesced);
+//  * no two neighbouring blocks are both free (free neighbours are always coalesced; a parked
+//    block may neighbour a free one until it is flushed);
 //  * a segment belongs to exactly one stream pool, and so do all its blocks;
 //  * `head` is the block at `base`.
 // A segment is a plain device allocation today; the virtual-memory backend will describe
@@ -31,7 +37,7 @@ namespace cistern::detail {
 struct Segment;
 class StreamPool;
 
-enum class BlockState : std::uint8_t { free, allocated, pending };
+enum class BlockState : std::uint8_t { free, allocated, pending, parked };
 
 struct Block {
   std::uintptr_t addr = 0;
@@ -41,7 +47,8 @@ struct Block {
   Block* next = nullptr;
   Segment* segment = nullptr;
 
-  // Links of the free-block index (a treap per size bin) while the block is free.
+  // Links of the free-block index (a treap per size bin) while the block is free; `left` also
+  // links the parking list while the block is parked.
   Block* left = nullptr;
   Block* right = nullptr;
   // Links of the pool's list of whole free segments while the block is one.
@@ -51,8 +58,9 @@ struct Block {
   std::vector<Stream> stream_uses;  // other streams recorded with record_stream
   std::uint64_t gc_base = 0;        // the pool's lookup count when the block was cached
   std::uint32_t pending_events = 0;
+  std::uint16_t bin = 0;  // the index bin while free (its size may not change while indexed)
   BlockState state = BlockState::free;
-  bool counted_split = false;  // counted in inactive_split (a free block of a split segment)
+  bool counted_split = false;  // counted in inactive_split (a free or parked block of a split segment)
 
   bool is_free() const noexcept { return state == BlockState::free; }
   bool is_whole_segment() const noexcept { return prev == nullptr && next == nullptr; }

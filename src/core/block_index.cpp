@@ -114,6 +114,7 @@ int BlockIndex::next_used_bin(int after) const noexcept {
 
 void BlockIndex::insert(Block* block) noexcept {
   const int bin = bin_of(block->size);
+  block->bin = static_cast<std::uint16_t>(bin);
   Block** link = &roots_[static_cast<std::size_t>(bin)];
   if (*link == nullptr) mark(bin);
   // Descend while the nodes outrank the new one, then split the subtree below around it.
@@ -126,7 +127,7 @@ void BlockIndex::insert(Block* block) noexcept {
 }
 
 void BlockIndex::remove(Block* block) noexcept {
-  const int bin = bin_of(block->size);
+  const int bin = block->bin;
   Block** link = &roots_[static_cast<std::size_t>(bin)];
   while (*link != block) link = key_less(block, *link) ? &(*link)->left : &(*link)->right;
   *link = merge(block->left, block->right);
@@ -163,7 +164,7 @@ const char* BlockIndex::check() const noexcept {
     auto check_node = [&](Block* b) {
       ++seen;
       if (problem != nullptr) return;
-      if (bin_of(b->size) != bin) problem = "block sits in the wrong bin";
+      if (bin_of(b->size) != bin || b->bin != bin) problem = "block sits in the wrong bin";
       else if (!b->is_free()) problem = "indexed block is not free";
       else if (previous != nullptr && !key_less(previous, b)) problem = "treap order broken";
       else if ((b->left && higher_priority(b->left, b)) || (b->right && higher_priority(b->right, b)))

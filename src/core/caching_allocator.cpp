@@ -46,7 +46,7 @@ AllPoolsLock::AllPoolsLock(const PoolTable& pools, const StreamPool* held) {
 }
 
 AllPoolsLock::~AllPoolsLock() {
-  for (std::mutex* m : locked_) m->unlock();
+  for (detail::SpinLock* m : locked_) m->unlock();
 }
 
 // --- construction ---------------------------------------------------------------------------------------
@@ -98,11 +98,13 @@ StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
     // A second pool: from now on allocator-wide peaks need the shared counters. Seed them from
     // the first pool under its lock, so that no update of it is lost in between.
     StreamPool& first = *pools_.all().front();
-    std::lock_guard<std::mutex> lock(first.mutex);
-    shared_stats_.seed(first.stats().get());
+    std::lock_guard<detail::SpinLock> lock(first.mutex);
+    Stats first_stats;
+    first.stats().export_to(first_stats);
+    shared_stats_.seed(first_stats);
     shared_.store(&shared_stats_, std::memory_order_relaxed);
   }
-  auto pool = std::make_unique<StreamPool>(stream, policy_, shared_);
+  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_);
   StreamPool& ref = *pool;
   pools_.add(std::move(pool));
   return ref;
@@ -125,8 +127,11 @@ void* CachingAllocator::Impl::allocate(std::size_t bytes, Stream stream) {
   const std::size_t size = policy_.round(bytes);
   const bool small = policy_.is_small(size);
   if (!config_.pass_through) {
-    std::lock_guard<std::mutex> lock(pool.mutex);
+    std::lock_guard<detail::SpinLock> lock(pool.mutex);
     if (pool.has_pending()) pool.process_events(device_, events_);
+    if (small) {
+      if (void* p = pool.take_parked(size, bytes)) return p;
+    }
     if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
   }
   return allocate_slow(pool, size, bytes, small);
@@ -137,10 +142,16 @@ void* CachingAllocator::Impl::allocate(std::size_t bytes, Stream stream) {
 void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, std::size_t bytes,
                                             bool small) {
   std::lock_guard<std::mutex> global(mutex_);
-  std::lock_guard<std::mutex> lock(pool.mutex);
+  std::lock_guard<detail::SpinLock> lock(pool.mutex);
   if (config_.pass_through) return allocate_pass_through(pool, size, bytes, small);
   if (pool.has_pending()) pool.process_events(device_, events_);
-  if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);  // freed meanwhile
+  if (small) {
+    if (void* p = pool.take_parked(size, bytes)) return p;  // freed meanwhile
+  }
+  if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+  // Coalesce what is parked before anything that would need more memory.
+  pool.flush_parked();
+  if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
   if (config_.garbage_collection_threshold > 0.0) collect_garbage(&pool);
   if (config_.cross_stream_reuse && take_over_segment(pool, size, small)) {
     if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
@@ -177,7 +188,7 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (!config_.pass_through) {
     if (StreamPool* pool = pools_.find(stream)) {
-      std::lock_guard<std::mutex> lock(pool->mutex);
+      std::lock_guard<detail::SpinLock> lock(pool->mutex);
       if (Block* b = pool->find_allocated(addr)) {
         free_block(*pool, b, stream);
         return;
@@ -191,7 +202,7 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
 void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream) {
   std::lock_guard<std::mutex> global(mutex_);
   for (const auto& pool : pools_.all()) {
-    std::lock_guard<std::mutex> lock(pool->mutex);
+    std::lock_guard<detail::SpinLock> lock(pool->mutex);
     Block* b = pool->find_allocated(addr);
     if (b == nullptr) continue;
     if (!config_.pass_through) {
@@ -199,8 +210,7 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
       return;
     }
     // Pass-through: the device free synchronises, so no event is needed for other users.
-    pool->end_allocation(b);
-    pool->cache(b);
+    pool->release(b);
     if (!release_segment(*pool, b)) {
       throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
                                                   "(it stays cached): {}",
@@ -214,8 +224,7 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
 // Pool lock held. Caches the block at once unless another stream may still use it.
 void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, Stream stream) {
   if (b->stream_uses.empty() && stream == pool.stream) {
-    pool.end_allocation(b);
-    pool.cache(b);
+    pool.release(b);
     return;
   }
   free_with_uses(pool, b, stream);
@@ -242,8 +251,7 @@ void CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream s
     for (Stream s : streams) {
       detail::check_device(device_, device_.synchronize_stream(s), DeviceOp::synchronize_stream);
     }
-    pool.end_allocation(b);
-    pool.cache(b);
+    pool.release(b);
     return;
   }
   pool.end_allocation(b);
@@ -254,7 +262,7 @@ void CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard<std::mutex> global(mutex_);
   for (const auto& pool : pools_.all()) {
-    std::lock_guard<std::mutex> lock(pool->mutex);
+    std::lock_guard<detail::SpinLock> lock(pool->mutex);
     Block* b = pool->find_allocated(addr);
     if (b == nullptr) continue;
     if (stream == pool->stream) return;  // the allocating stream is always waited for
@@ -269,7 +277,7 @@ std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard<std::mutex> global(mutex_);
   for (const auto& pool : pools_.all()) {
-    std::lock_guard<std::mutex> lock(pool->mutex);
+    std::lock_guard<detail::SpinLock> lock(pool->mutex);
     if (const Block* b = pool->find_allocated(addr)) return b->size;
   }
   throw_invalid_pointer(addr, "allocation_size");
@@ -280,7 +288,7 @@ std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
 // Global lock held. Says what the pointer is, as precisely as the segments allow.
 void CachingAllocator::Impl::throw_invalid_pointer(std::uintptr_t addr, const char* what) const {
   for (const auto& pool : pools_.all()) {
-    std::lock_guard<std::mutex> lock(pool->mutex);
+    std::lock_guard<detail::SpinLock> lock(pool->mutex);
     for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
       if (addr < s->base || addr >= s->base + s->size) continue;
       const Block* b = s->head;
@@ -299,7 +307,8 @@ void CachingAllocator::Impl::throw_invalid_pointer(std::uintptr_t addr, const ch
       throw InvalidPointer(fmt::format(
           "cistern: {}({:#x}): the pointer lies {} bytes inside the {} block at {:#x}; pass the "
           "pointer that allocate() returned",
-          what, addr, addr - b->addr, b->is_free() ? "free" : "allocated", b->addr));
+          what, addr, addr - b->addr,
+          b->state == detail::BlockState::allocated ? "allocated" : "free", b->addr));
     }
   }
   throw InvalidPointer(fmt::format(

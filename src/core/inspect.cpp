@@ -22,22 +22,10 @@ Stats CachingAllocator::Impl::stats() const {
   AllPoolsLock locks(pools_, nullptr);
   Stats s;
   if (shared_.load(std::memory_order_relaxed) == nullptr) {
-    if (!pools_.all().empty()) s = pools_.all().front()->stats().get();
+    if (!pools_.all().empty()) pools_.all().front()->stats().export_to(s);
   } else {
     // Current values and peaks are allocator-wide atomics; running sums add up over pools.
-    for (const auto& pool : pools_.all()) {
-      const Stats& p = pool->stats().get();
-      for (int k = 0; k < kStatKinds; ++k) {
-        for (int q = 0; q < kStatPools; ++q) {
-          s.array[k][q].allocated += p.array[k][q].allocated;
-          s.array[k][q].freed += p.array[k][q].freed;
-        }
-      }
-      s.oversize_allocations.allocated += p.oversize_allocations.allocated;
-      s.oversize_allocations.freed += p.oversize_allocations.freed;
-      s.oversize_segments.allocated += p.oversize_segments.allocated;
-      s.oversize_segments.freed += p.oversize_segments.freed;
-    }
+    for (const auto& pool : pools_.all()) pool->stats().add_sums_to(s);
     shared_stats_.export_to(s);
   }
   s.num_alloc_retries = num_alloc_retries_;
@@ -51,23 +39,11 @@ Stats CachingAllocator::Impl::stats() const {
   return s;
 }
 
-namespace {
-
-template <class F>
-void for_each_stat(Stats& s, F&& f) {
-  for (auto& row : s.array)
-    for (Stat& stat : row) f(stat);
-  f(s.oversize_allocations);
-  f(s.oversize_segments);
-}
-
-}  // namespace
-
 void CachingAllocator::Impl::reset_peak_stats() {
   std::lock_guard<std::mutex> global(mutex_);
   AllPoolsLock locks(pools_, nullptr);
   for (const auto& pool : pools_.all()) {
-    for_each_stat(pool->stats().get(), [](Stat& stat) { stat.peak = stat.current; });
+    pool->stats().reset_peaks();
   }
   shared_stats_.reset_peaks();
 }
@@ -76,7 +52,7 @@ void CachingAllocator::Impl::reset_accumulated_stats() {
   std::lock_guard<std::mutex> global(mutex_);
   AllPoolsLock locks(pools_, nullptr);
   for (const auto& pool : pools_.all()) {
-    for_each_stat(pool->stats().get(), [](Stat& stat) { stat.allocated = stat.freed = 0; });
+    pool->stats().reset_sums();
   }
   num_alloc_retries_ = num_ooms_ = num_sync_all_streams_ = 0;
   num_device_alloc_ = num_device_free_ = num_cross_stream_reuse_ = 0;
@@ -90,7 +66,8 @@ cistern::BlockState snapshot_state(State state) {
   switch (state) {
     case State::allocated: return cistern::BlockState::active_allocated;
     case State::pending: return cistern::BlockState::active_pending_free;
-    case State::free: break;
+    case State::free:
+    case State::parked: break;
   }
   return cistern::BlockState::inactive;
 }
@@ -112,7 +89,7 @@ Snapshot CachingAllocator::Impl::snapshot() const {
       for (const Block* b = s->head; b != nullptr; b = b->next) {
         info.blocks.push_back({b->addr, b->size, b->requested, snapshot_state(b->state)});
         if (b->state == State::allocated) info.allocated_size += b->size;
-        if (!b->is_free()) {
+        if (b->state == State::allocated || b->state == State::pending) {
           info.active_size += b->size;
           info.requested_size += b->requested;
         }
@@ -155,7 +132,7 @@ void count_segment(const detail::Segment& s, const detail::SizePolicy& policy, S
       add(StatKind::allocated_bytes, size);
       if (policy.is_oversize(b->size)) totals.oversize_allocations.current += 1;
     }
-    if (!b->is_free()) {
+    if (b->state == State::allocated || b->state == State::pending) {
       add(StatKind::active, 1);
       add(StatKind::active_bytes, size);
       add(StatKind::requested_bytes, static_cast<std::int64_t>(b->requested));
@@ -209,6 +186,11 @@ void check_block_membership(const StreamPool& pool, const Block* b) {
       expect(b->counted_split == !b->is_whole_segment(), pool,
              "free block's split accounting is stale");
       break;
+    case State::parked:
+      expect(!b->segment->large && !b->is_whole_segment() && b->counted_split, pool,
+             "parked block is not a counted small block of a split segment");
+      expect(pool.is_parked_here(b), pool, "parked block missing from its parking list");
+      break;
   }
 }
 
@@ -220,6 +202,7 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
   std::size_t allocated = 0;
   std::size_t free_blocks[2] = {0, 0};  // small, large
   std::size_t whole[2] = {0, 0};
+  std::size_t parked = 0;
   std::map<const Block*, std::uint32_t> pending_blocks;
   for (const detail::Segment* s = pool.segments(); s != nullptr; s = s->next) {
     ++segments;
@@ -230,11 +213,13 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
       const int kind = s->large ? 1 : 0;
       if (b->state == State::allocated) ++allocated;
       if (b->state == State::pending) pending_blocks[b] = b->pending_events;
+      if (b->state == State::parked) ++parked;
       if (b->is_free()) ++free_blocks[kind];
       if (b->is_free() && b->is_whole_segment()) ++whole[kind];
     }
   }
   expect(segments == pool.segment_count(), pool, "segment count disagrees with the list");
+  expect(parked == pool.parked_count(), pool, "parking lists hold blocks not parked here");
   expect(allocated == pool.allocated().size(), pool, "pointer map holds other blocks");
   for (const bool small : {true, false}) {
     const detail::BlockIndex& index = pool.index(small);
@@ -262,21 +247,22 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
   for (const auto& entry : pending_blocks) {
     expect(entry.second == 0, pool, "a pending block's event count disagrees with the queues");
   }
-  const Stats& actual = pool.stats().get();
+  const detail::PoolStats& actual = pool.stats();
   for (int k = 0; k < kStatKinds; ++k) {
     for (int q = 0; q < kStatPools; ++q) {
-      if (actual.array[k][q].current != expected.array[k][q].current) {
-        violated(pool, fmt::format("{}.{}.current is {} but the blocks say {}",
-                                   to_string(static_cast<StatKind>(k)),
-                                   to_string(static_cast<StatPool>(q)), actual.array[k][q].current,
+      const auto kind = static_cast<StatKind>(k);
+      const auto which = static_cast<StatPool>(q);
+      if (actual.current(kind, which) != expected.array[k][q].current) {
+        violated(pool, fmt::format("{}.{}.current is {} but the blocks say {}", to_string(kind),
+                                   to_string(which), actual.current(kind, which),
                                    expected.array[k][q].current));
       }
       totals.array[k][q].current += expected.array[k][q].current;
     }
   }
-  expect(actual.oversize_allocations.current == expected.oversize_allocations.current, pool,
+  expect(actual.oversize_allocations() == expected.oversize_allocations.current, pool,
          "oversize_allocations.current disagrees with the blocks");
-  expect(actual.oversize_segments.current == expected.oversize_segments.current, pool,
+  expect(actual.oversize_segments() == expected.oversize_segments.current, pool,
          "oversize_segments.current disagrees with the segments");
   totals.oversize_allocations.current += expected.oversize_allocations.current;
   totals.oversize_segments.current += expected.oversize_segments.current;

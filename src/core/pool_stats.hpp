@@ -72,49 +72,124 @@ class SharedStats {
   Cell oversize_seg_;
 };
 
-/// One pool's statistics; see the file comment.
+/// One pool's statistics; see the file comment. The small- and large-pool rows are kept in
+/// full; the "all" row keeps only its current value and peak, as its running sums are the sums
+/// of the other two rows - which keeps the hot path short.
 class PoolStats {
  public:
-  /// Applies `delta` to a statistic for the pool kind (small/large) and for "all".
-  void add(StatKind kind, bool small, std::int64_t delta, SharedStats* shared) noexcept {
+  /// Raises a statistic of the pool kind (small/large) and of "all" by `delta` >= 0.
+  void inc(StatKind kind, bool small, std::int64_t delta, SharedStats* shared) noexcept {
     const int k = static_cast<int>(kind);
-    const int p = small ? static_cast<int>(StatPool::small_pool) : static_cast<int>(StatPool::large_pool);
-    stats_.array[k][p].update(delta);
-    stats_.array[k][0].update(delta);
-    if (shared != nullptr) {
-      shared->add(k, p, delta);
-      shared->add(k, 0, delta);
-    }
+    Stat& row = rows_[k][small ? 0 : 1];
+    row.current += delta;
+    row.allocated += delta;
+    if (row.current > row.peak) row.peak = row.current;
+    Level& all = all_[k];
+    all.current += delta;
+    if (all.current > all.peak) all.peak = all.current;
+    if (shared != nullptr) mirror(shared, k, small, delta);
+  }
+  /// Lowers a statistic by `delta` >= 0 (peaks cannot change).
+  void dec(StatKind kind, bool small, std::int64_t delta, SharedStats* shared) noexcept {
+    const int k = static_cast<int>(kind);
+    Stat& row = rows_[k][small ? 0 : 1];
+    row.current -= delta;
+    row.freed += delta;
+    all_[k].current -= delta;
+    if (shared != nullptr) mirror(shared, k, small, -delta);
   }
   void add_oversize_allocations(std::int64_t delta, SharedStats* shared) noexcept {
-    stats_.oversize_allocations.update(delta);
+    oversize_allocations_.update(delta);
     if (shared != nullptr) shared->add_oversize_allocations(delta);
   }
   void add_oversize_segments(std::int64_t delta, SharedStats* shared) noexcept {
-    stats_.oversize_segments.update(delta);
+    oversize_segments_.update(delta);
     if (shared != nullptr) shared->add_oversize_segments(delta);
   }
   /// Moves `delta` of a statistic into (or, negative, out of) this pool without counting it as
   /// allocated or freed: a segment changing owner is neither.
   void transfer(StatKind kind, bool small, std::int64_t delta) noexcept {
     const int k = static_cast<int>(kind);
-    const int p = small ? 1 : 2;
-    for (Stat* s : {&stats_.array[k][p], &stats_.array[k][0]}) {
-      s->current += delta;
-      if (s->current > s->peak) s->peak = s->current;
-    }
+    move(rows_[k][small ? 0 : 1].current, rows_[k][small ? 0 : 1].peak, delta);
+    move(all_[k].current, all_[k].peak, delta);
   }
   void transfer_oversize_segments(std::int64_t delta) noexcept {
-    stats_.oversize_segments.current += delta;
-    if (stats_.oversize_segments.current > stats_.oversize_segments.peak)
-      stats_.oversize_segments.peak = stats_.oversize_segments.current;
+    move(oversize_segments_.current, oversize_segments_.peak, delta);
   }
 
-  const Stats& get() const noexcept { return stats_; }
-  Stats& get() noexcept { return stats_; }
+  /// The current value of one statistic.
+  std::int64_t current(StatKind kind, StatPool pool) const noexcept {
+    const int k = static_cast<int>(kind);
+    return pool == StatPool::all ? all_[k].current
+                                 : rows_[k][pool == StatPool::small_pool ? 0 : 1].current;
+  }
+  std::int64_t oversize_allocations() const noexcept { return oversize_allocations_.current; }
+  std::int64_t oversize_segments() const noexcept { return oversize_segments_.current; }
+
+  /// All statistics in PyTorch's shape (the "all" sums derived from the rows).
+  void export_to(Stats& s) const noexcept {
+    for (int k = 0; k < kStatKinds; ++k) {
+      s.array[k][1] = rows_[k][0];
+      s.array[k][2] = rows_[k][1];
+      Stat& all = s.array[k][0];
+      all.current = all_[k].current;
+      all.peak = all_[k].peak;
+      all.allocated = rows_[k][0].allocated + rows_[k][1].allocated;
+      all.freed = rows_[k][0].freed + rows_[k][1].freed;
+    }
+    s.oversize_allocations = oversize_allocations_;
+    s.oversize_segments = oversize_segments_;
+  }
+  /// Adds this pool's running sums into `s` (allocated and freed only).
+  void add_sums_to(Stats& s) const noexcept {
+    Stats mine;
+    export_to(mine);
+    for (int k = 0; k < kStatKinds; ++k) {
+      for (int p = 0; p < kStatPools; ++p) {
+        s.array[k][p].allocated += mine.array[k][p].allocated;
+        s.array[k][p].freed += mine.array[k][p].freed;
+      }
+    }
+    s.oversize_allocations.allocated += oversize_allocations_.allocated;
+    s.oversize_allocations.freed += oversize_allocations_.freed;
+    s.oversize_segments.allocated += oversize_segments_.allocated;
+    s.oversize_segments.freed += oversize_segments_.freed;
+  }
+  /// Sets every peak to its current value.
+  void reset_peaks() noexcept {
+    for (int k = 0; k < kStatKinds; ++k) {
+      for (Stat& row : rows_[k]) row.peak = row.current;
+      all_[k].peak = all_[k].current;
+    }
+    oversize_allocations_.peak = oversize_allocations_.current;
+    oversize_segments_.peak = oversize_segments_.current;
+  }
+  /// Zeroes the running sums.
+  void reset_sums() noexcept {
+    for (auto& row : rows_)
+      for (Stat& s : row) s.allocated = s.freed = 0;
+    oversize_allocations_.allocated = oversize_allocations_.freed = 0;
+    oversize_segments_.allocated = oversize_segments_.freed = 0;
+  }
 
  private:
-  Stats stats_;
+  static void mirror(SharedStats* shared, int k, bool small, std::int64_t delta) noexcept {
+    shared->add(k, small ? 1 : 2, delta);
+    shared->add(k, 0, delta);
+  }
+  struct Level {
+    std::int64_t current = 0;
+    std::int64_t peak = 0;
+  };
+  static void move(std::int64_t& current, std::int64_t& peak, std::int64_t delta) noexcept {
+    current += delta;
+    if (current > peak) peak = current;
+  }
+
+  Stat rows_[kStatKinds][2];  // small, large
+  Level all_[kStatKinds];
+  Stat oversize_allocations_;
+  Stat oversize_segments_;
 };
 
 }  // namespace cistern::detail

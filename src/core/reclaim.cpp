@@ -59,10 +59,11 @@ bool CachingAllocator::Impl::release_segment(StreamPool& pool, Block* b) {
 bool CachingAllocator::Impl::take_over_segment(StreamPool& pool, std::size_t size, bool small) {
   Block* best = nullptr;
   StreamPool* owner = nullptr;
-  std::unique_lock<std::mutex> owner_lock;
+  std::unique_lock<detail::SpinLock> owner_lock;
   for (const auto& other : pools_.all()) {
     if (other.get() == &pool) continue;
-    std::unique_lock<std::mutex> lock(other->mutex);
+    std::unique_lock<detail::SpinLock> lock(other->mutex);
+    other->flush_parked();  // parked blocks would keep segments from looking whole
     bool improved = false;
     for (Block* b = other->whole_free(small); b != nullptr; b = b->whole_next) {
       if (b->size < size || !policy_.may_serve(b->size, size)) continue;
@@ -123,7 +124,10 @@ bool CachingAllocator::Impl::release_oversize(StreamPool& pool, std::size_t size
 std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held) {
   AllPoolsLock locks(pools_, held);
   ++num_sync_all_streams_;
-  for (const auto& pool : pools_.all()) pool->synchronize_events(device_, events_);
+  for (const auto& pool : pools_.all()) {
+    pool->synchronize_events(device_, events_);
+    pool->flush_parked();
+  }
   std::size_t failures = 0;
   for (const auto& pool : pools_.all()) {
     for (const bool small : {true, false}) {

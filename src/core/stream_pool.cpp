@@ -41,8 +41,17 @@ void EventPool::release(Event event) {
   free_.push_back(event);
 }
 
-StreamPool::StreamPool(Stream s, const SizePolicy& policy, std::atomic<SharedStats*>& shared)
-    : stream(s), policy_(policy), shared_(shared) {}
+StreamPool::StreamPool(Stream s, const SizePolicy& policy, const Config& config,
+                       std::atomic<SharedStats*>& shared)
+    : stream(s),
+      policy_(policy),
+      shared_(shared),
+      park_shift_(static_cast<unsigned>(log2_floor(config.min_block_size))) {
+  const std::size_t bins = (config.small_size >> park_shift_) + 1;
+  parked_.assign(bins, nullptr);
+  parked_count_.assign(bins, 0);
+  parked_listed_.assign(bins, 0);
+}
 
 StreamPool::~StreamPool() {
   // Segments are returned to the device by the allocator; only the bookkeeping remains here.
@@ -55,31 +64,26 @@ StreamPool::~StreamPool() {
 
 // --- index bookkeeping ------------------------------------------------------------------------------
 
-void StreamPool::index_block(Block* b) noexcept {
+void StreamPool::index_block(Block* b, SharedStats* sh) noexcept {
   const bool small = !b->segment->large;
   b->gc_base = lookups_[small ? 0 : 1];
   index(small).insert(b);
-  if (b->is_whole_segment()) {
-    Block*& head = whole_[small ? 0 : 1];
-    b->whole_prev = nullptr;
-    b->whole_next = head;
-    if (head != nullptr) head->whole_prev = b;
-    head = b;
-    b->counted_split = false;
-  } else {
-    b->counted_split = true;
-    stats_.add(StatKind::inactive_split, small, 1, shared());
-    stats_.add(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size), shared());
+  if (!b->is_whole_segment()) {
+    count_split(b, small, sh);
+    return;
   }
+  Block*& head = whole_[small ? 0 : 1];
+  b->whole_prev = nullptr;
+  b->whole_next = head;
+  if (head != nullptr) head->whole_prev = b;
+  head = b;
 }
 
-void StreamPool::unindex(Block* b) noexcept {
+void StreamPool::unindex(Block* b, SharedStats* sh) noexcept {
   const bool small = !b->segment->large;
   index(small).remove(b);
   if (b->counted_split) {
-    stats_.add(StatKind::inactive_split, small, -1, shared());
-    stats_.add(StatKind::inactive_split_bytes, small, -static_cast<std::int64_t>(b->size), shared());
-    b->counted_split = false;
+    uncount_split(b, small, sh);
     return;
   }
   Block*& head = whole_[small ? 0 : 1];
@@ -90,7 +94,7 @@ void StreamPool::unindex(Block* b) noexcept {
 }
 
 // Cuts `b` to `size`; the rest becomes a new free block right after it.
-void StreamPool::split(Block* b, std::size_t size) {
+void StreamPool::split(Block* b, std::size_t size, SharedStats* sh) {
   Block* rest = arena_.make();
   rest->addr = b->addr + size;
   rest->size = b->size - size;
@@ -100,12 +104,12 @@ void StreamPool::split(Block* b, std::size_t size) {
   if (b->next != nullptr) b->next->prev = rest;
   b->next = rest;
   b->size = size;
-  index_block(rest);
+  index_block(rest, sh);
 }
 
 // Merges the free neighbour `gone` into `into` (both in the same segment, adjacent).
-void StreamPool::absorb(Block* into, Block* gone) noexcept {
-  unindex(gone);
+void StreamPool::absorb(Block* into, Block* gone, SharedStats* sh) noexcept {
+  unindex(gone, sh);
   if (gone->addr < into->addr) {
     into->addr = gone->addr;
     into->prev = gone->prev;
@@ -119,10 +123,41 @@ void StreamPool::absorb(Block* into, Block* gone) noexcept {
   arena_.recycle(gone);
 }
 
-void StreamPool::coalesce(Block* b) noexcept {
-  if (b->prev != nullptr && b->prev->is_free()) absorb(b, b->prev);
-  if (b->next != nullptr && b->next->is_free()) absorb(b, b->next);
-  index_block(b);
+void StreamPool::coalesce(Block* b, SharedStats* sh) noexcept {
+  if (b->prev != nullptr && b->prev->is_free()) absorb(b, b->prev, sh);
+  if (b->next != nullptr && b->next->is_free()) absorb(b, b->next, sh);
+  index_block(b, sh);
+}
+
+void StreamPool::flush_parked() noexcept {
+  SharedStats* sh = shared();
+  for (const std::uint32_t bin : parked_bins_) {
+    while (Block* b = parked_[bin]) {
+      parked_[bin] = b->left;
+      b->left = nullptr;
+      uncount_split(b, true, sh);
+      b->state = BlockState::free;
+      coalesce(b, sh);
+    }
+    parked_count_[bin] = 0;
+    parked_listed_[bin] = 0;
+  }
+  parked_bins_.clear();
+}
+
+std::size_t StreamPool::parked_count() const noexcept {
+  std::size_t total = 0;
+  for (const std::uint32_t bin : parked_bins_) total += parked_count_[bin];
+  return total;
+}
+
+bool StreamPool::is_parked_here(const Block* b) const noexcept {
+  const std::size_t bin = b->size >> park_shift_;
+  if (bin >= parked_.size()) return false;
+  for (const Block* p = parked_[bin]; p != nullptr; p = p->left) {
+    if (p == b) return true;
+  }
+  return false;
 }
 
 // --- pending frees ----------------------------------------------------------------------------------
@@ -153,7 +188,7 @@ void StreamPool::process_events(Device& device, EventPool& events) {
       queue.entries.pop_front();
       --pending_count_;
       events.release(front.event);
-      if (--front.block->pending_events == 0) cache(front.block);
+      if (--front.block->pending_events == 0) retire(front.block);
     }
   }
 }
@@ -166,7 +201,7 @@ void StreamPool::synchronize_events(Device& device, EventPool& events) {
       queue.entries.pop_front();
       --pending_count_;
       events.release(front.event);
-      if (--front.block->pending_events == 0) cache(front.block);
+      if (--front.block->pending_events == 0) retire(front.block);
     }
   }
 }
@@ -203,10 +238,11 @@ Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool l
   b->segment = segment.get();
   link_segment(segment.release());
   const bool small = !large;
-  stats_.add(StatKind::segment, small, 1, shared());
-  stats_.add(StatKind::reserved_bytes, small, static_cast<std::int64_t>(size), shared());
-  if (policy_.is_oversize(size)) stats_.add_oversize_segments(1, shared());
-  index_block(b);
+  SharedStats* sh = shared();
+  stats_.inc(StatKind::segment, small, 1, sh);
+  stats_.inc(StatKind::reserved_bytes, small, static_cast<std::int64_t>(size), sh);
+  if (policy_.is_oversize(size)) stats_.add_oversize_segments(1, sh);
+  index_block(b, sh);
   return b;
 }
 
@@ -214,12 +250,13 @@ Segment* StreamPool::remove_whole_segment(Block* b, bool count_as_freed) {
   Segment* segment = b->segment;
   const bool small = !segment->large;
   const auto size = static_cast<std::int64_t>(segment->size);
-  unindex(b);
+  SharedStats* sh = shared();
+  unindex(b, sh);
   unlink_segment(segment);
   if (count_as_freed) {
-    stats_.add(StatKind::segment, small, -1, shared());
-    stats_.add(StatKind::reserved_bytes, small, -size, shared());
-    if (policy_.is_oversize(segment->size)) stats_.add_oversize_segments(-1, shared());
+    stats_.dec(StatKind::segment, small, 1, sh);
+    stats_.dec(StatKind::reserved_bytes, small, size, sh);
+    if (policy_.is_oversize(segment->size)) stats_.add_oversize_segments(-1, sh);
     segment->head = nullptr;
     arena_.recycle(b);
   } else {
@@ -236,7 +273,7 @@ void StreamPool::adopt_segment(Segment* segment) {
   stats_.transfer(StatKind::segment, small, 1);
   stats_.transfer(StatKind::reserved_bytes, small, static_cast<std::int64_t>(segment->size));
   if (policy_.is_oversize(segment->size)) stats_.transfer_oversize_segments(1);
-  index_block(segment->head);
+  index_block(segment->head, shared());
 }
 
 std::size_t StreamPool::largest_free(bool small) const noexcept {

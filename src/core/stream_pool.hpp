@@ -23,6 +23,7 @@
 #include "pool_stats.hpp"
 #include "ptr_map.hpp"
 #include "size_policy.hpp"
+#include "spin_lock.hpp"
 
 namespace cistern {
 class Device;
@@ -88,13 +89,31 @@ struct PendingQueue {
 
 class StreamPool {
  public:
-  StreamPool(Stream stream, const SizePolicy& policy, std::atomic<SharedStats*>& shared);
+  StreamPool(Stream stream, const SizePolicy& policy, const Config& config,
+             std::atomic<SharedStats*>& shared);
   ~StreamPool();
 
+  /// At most this many blocks of one size are parked; more are coalesced at once.
+  static constexpr std::uint8_t kParkLimit = 32;
+
   const Stream stream;
-  std::mutex mutex;
+  SpinLock mutex;
 
   // --- the hot path (pool lock held) -------------------------------------------------------------
+
+  /// Hands out a parked small block of exactly `size`, or returns nullptr if none is parked.
+  void* take_parked(std::size_t size, std::size_t requested) {
+    const std::size_t bin = size >> park_shift_;
+    Block* b = parked_[bin];
+    if (b == nullptr) return nullptr;
+    parked_[bin] = b->left;
+    b->left = nullptr;
+    --parked_count_[bin];
+    SharedStats* sh = shared();
+    uncount_split(b, true, sh);
+    hand_out(b, requested, true, sh);
+    return reinterpret_cast<void*>(b->addr);
+  }
 
   /// The best cached block for a rounded size that the size policy lets serve it, or nullptr.
   Block* find(std::size_t size, bool small) noexcept {
@@ -103,40 +122,37 @@ class StreamPool {
     return (b != nullptr && policy_.may_serve(b->size, size)) ? b : nullptr;
   }
 
-  /// Hands out the cached block `b` for a request of `requested` bytes rounded to `size`,
+  /// Hands out the indexed block `b` for a request of `requested` bytes rounded to `size`,
   /// splitting off the rest when the policy says so.
   void* take(Block* b, std::size_t size, std::size_t requested) {
     const bool small = !b->segment->large;
-    unindex(b);
-    if (policy_.should_split(b->size, size, small)) split(b, size);
-    b->state = BlockState::allocated;
-    b->requested = requested;
-    allocated_.insert(b->addr, b);
-    account_allocation(b, small, +1);
+    SharedStats* sh = shared();
+    unindex(b, sh);
+    if (policy_.should_split(b->size, size, small)) split(b, size, sh);
+    hand_out(b, requested, small, sh);
     return reinterpret_cast<void*>(b->addr);
   }
 
   /// The allocated block at `addr`, or nullptr.
   Block* find_allocated(std::uintptr_t addr) const noexcept { return allocated_.find(addr); }
 
-  /// Ends the allocation of `b` (it must be allocated here). With no other user it is cached at
-  /// once; otherwise the caller must make it pending (`make_pending`).
-  void end_allocation(Block* b) noexcept {
-    allocated_.erase(b->addr);
-    account_allocation(b, !b->segment->large, -1);
+  /// Frees an allocated block that no other stream uses: it is cached at once.
+  void release(Block* b) noexcept {
+    SharedStats* sh = shared();
+    const bool small = !b->segment->large;
+    end_allocation(b, small, sh);
+    retire(b, small, sh);
   }
 
-  /// Caches a block that nobody uses any more: coalesce with free neighbours, index.
-  void cache(Block* b) noexcept {
-    const bool small = !b->segment->large;
-    stats_.add(StatKind::active, small, -1, shared());
-    stats_.add(StatKind::active_bytes, small, -static_cast<std::int64_t>(b->size), shared());
-    stats_.add(StatKind::requested_bytes, small, -static_cast<std::int64_t>(b->requested), shared());
-    b->state = BlockState::free;
-    b->requested = 0;
-    b->stream_uses.clear();
-    coalesce(b);
-  }
+  /// Ends the allocation of `b` without caching it: the caller makes it pending.
+  void end_allocation(Block* b) noexcept { end_allocation(b, !b->segment->large, shared()); }
+
+  /// Caches a block nobody uses any more (an ended allocation or a completed pending free):
+  /// parks a small block, or coalesces it with its free neighbours and indexes it.
+  void retire(Block* b) noexcept { retire(b, !b->segment->large, shared()); }
+
+  /// Coalesces and indexes every parked block (before the allocator grows or gives memory back).
+  void flush_parked() noexcept;
 
   // --- pending frees (pool lock held) ------------------------------------------------------------
 
@@ -166,6 +182,11 @@ class StreamPool {
 
   // --- observation (pool lock held) --------------------------------------------------------------
 
+  /// Parked blocks (all sizes).
+  std::size_t parked_count() const noexcept;
+  /// Whether `b` is on the parking list of its size.
+  bool is_parked_here(const Block* b) const noexcept;
+
   const PoolStats& stats() const noexcept { return stats_; }
   PoolStats& stats() noexcept { return stats_; }
   Segment* segments() const noexcept { return segments_; }
@@ -185,27 +206,73 @@ class StreamPool {
   BlockIndex& index(bool small) noexcept { return indexes_[small ? 0 : 1]; }
   SharedStats* shared() const noexcept { return shared_.load(std::memory_order_relaxed); }
 
-  void account_allocation(Block* b, bool small, std::int64_t sign) noexcept {
-    SharedStats* sh = shared();
+  // Allocation bookkeeping: the pointer map and the statistics of a block handed out.
+  void hand_out(Block* b, std::size_t requested, bool small, SharedStats* sh) {
+    b->state = BlockState::allocated;
+    b->requested = requested;
+    allocated_.insert(b->addr, b);
     const auto size = static_cast<std::int64_t>(b->size);
-    stats_.add(StatKind::allocation, small, sign, sh);
-    stats_.add(StatKind::allocated_bytes, small, sign * size, sh);
-    if (sign > 0) {  // allocation starts activity; it ends only when the block is cached
-      stats_.add(StatKind::active, small, 1, sh);
-      stats_.add(StatKind::active_bytes, small, size, sh);
-      stats_.add(StatKind::requested_bytes, small, static_cast<std::int64_t>(b->requested), sh);
-    }
-    if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(sign, sh);
-    allocated_mirror_.store(allocated_mirror_.load(std::memory_order_relaxed) + sign * size,
+    stats_.inc(StatKind::allocation, small, 1, sh);
+    stats_.inc(StatKind::allocated_bytes, small, size, sh);
+    stats_.inc(StatKind::active, small, 1, sh);
+    stats_.inc(StatKind::active_bytes, small, size, sh);
+    stats_.inc(StatKind::requested_bytes, small, static_cast<std::int64_t>(requested), sh);
+    if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(1, sh);
+    mirror_allocated(size);
+  }
+  void end_allocation(Block* b, bool small, SharedStats* sh) noexcept {
+    allocated_.erase(b->addr);
+    const auto size = static_cast<std::int64_t>(b->size);
+    stats_.dec(StatKind::allocation, small, 1, sh);
+    stats_.dec(StatKind::allocated_bytes, small, size, sh);
+    if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(-1, sh);
+    mirror_allocated(-size);
+  }
+  void retire(Block* b, bool small, SharedStats* sh) noexcept {
+    stats_.dec(StatKind::active, small, 1, sh);
+    stats_.dec(StatKind::active_bytes, small, static_cast<std::int64_t>(b->size), sh);
+    stats_.dec(StatKind::requested_bytes, small, static_cast<std::int64_t>(b->requested), sh);
+    b->requested = 0;
+    b->stream_uses.clear();
+    if (small && !b->is_whole_segment() && park(b, sh)) return;
+    b->state = BlockState::free;
+    coalesce(b, sh);
+  }
+  void mirror_allocated(std::int64_t delta) noexcept {
+    allocated_mirror_.store(allocated_mirror_.load(std::memory_order_relaxed) + delta,
                             std::memory_order_relaxed);
+  }
+  bool park(Block* b, SharedStats* sh) noexcept {
+    const std::size_t bin = b->size >> park_shift_;
+    if (parked_count_[bin] >= kParkLimit) return false;
+    if (parked_count_[bin]++ == 0 && !parked_listed_[bin]) {
+      parked_listed_[bin] = 1;
+      parked_bins_.push_back(static_cast<std::uint32_t>(bin));
+    }
+    b->state = BlockState::parked;
+    b->left = parked_[bin];
+    parked_[bin] = b;
+    count_split(b, true, sh);
+    return true;
+  }
+  // inactive_split bookkeeping of a free or parked block of a split segment.
+  void count_split(Block* b, bool small, SharedStats* sh) noexcept {
+    b->counted_split = true;
+    stats_.inc(StatKind::inactive_split, small, 1, sh);
+    stats_.inc(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size), sh);
+  }
+  void uncount_split(Block* b, bool small, SharedStats* sh) noexcept {
+    b->counted_split = false;
+    stats_.dec(StatKind::inactive_split, small, 1, sh);
+    stats_.dec(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size), sh);
   }
 
   // Index bookkeeping: the block index, the whole-segment list and inactive_split.
-  void index_block(Block* b) noexcept;
-  void unindex(Block* b) noexcept;
-  void split(Block* b, std::size_t size);
-  void coalesce(Block* b) noexcept;
-  void absorb(Block* into, Block* gone) noexcept;
+  void index_block(Block* b, SharedStats* sh) noexcept;
+  void unindex(Block* b, SharedStats* sh) noexcept;
+  void split(Block* b, std::size_t size, SharedStats* sh);
+  void coalesce(Block* b, SharedStats* sh) noexcept;
+  void absorb(Block* into, Block* gone, SharedStats* sh) noexcept;
   void link_segment(Segment* s) noexcept;
   void unlink_segment(Segment* s) noexcept;
 
@@ -221,6 +288,12 @@ class StreamPool {
   std::uint64_t lookups_[2] = {0, 0};
   PoolStats stats_;
   BlockArena arena_;
+  // Parking lists, one per exact small size (size >> park_shift_), linked through Block::left.
+  unsigned park_shift_;
+  std::vector<Block*> parked_;
+  std::vector<std::uint8_t> parked_count_;
+  std::vector<std::uint8_t> parked_listed_;  // the bin is in parked_bins_
+  std::vector<std::uint32_t> parked_bins_;   // bins that may hold parked blocks
   std::atomic<std::int64_t> allocated_mirror_{0};
 };
 
