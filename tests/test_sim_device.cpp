@@ -721,3 +721,31 @@ TEST(SimDevice, LastErrorBelongsToTheCallingThreadAndDevice) {
 
 }  // namespace
 }  // namespace cistern
+
+namespace cistern {
+namespace {
+
+TEST(SimDeviceAddressPlan, PlacesSegmentsWherePlannedWhenPossible) {
+  SimDeviceOptions o;
+  o.capacity = 64 * MiB;
+  SimDevice device(o);
+  const std::uintptr_t wanted = o.base_address + 10 * o.granularity;
+  device.set_address_plan([&](std::size_t bytes) { return bytes == 4 * MiB ? wanted : 0; });
+  void* a = nullptr;
+  ASSERT_EQ(device.allocate(4 * MiB, &a), Status::ok);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a), wanted);
+  void* b = nullptr;  // the planned address is taken now: the lowest free one is used
+  ASSERT_EQ(device.allocate(4 * MiB, &b), Status::ok);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b), o.base_address);
+  void* c = nullptr;  // no plan for this size
+  ASSERT_EQ(device.allocate(2 * MiB, &c), Status::ok);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(c), o.base_address + 4 * MiB);
+  device.set_address_plan([&](std::size_t) { return wanted + 1; });  // misaligned: ignored
+  void* d = nullptr;
+  ASSERT_EQ(device.allocate(2 * MiB, &d), Status::ok);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(d), o.base_address + 6 * MiB);
+  for (void* p : {a, b, c, d}) EXPECT_EQ(device.deallocate(p), Status::ok);
+}
+
+}  // namespace
+}  // namespace cistern

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -95,6 +96,12 @@ class SimDevice final : public Device {
   /// `invalid_argument` if the range is misaligned or overlaps anything live, `out_of_memory` if
   /// the capacity would be exceeded.
   Status allocate_at(void* address, std::size_t bytes) noexcept;
+
+  /// Lets `allocate` place segments where a recorded run placed them: for a segment of
+  /// `bytes` (granule-rounded) the plan returns a preferred address, or 0 for none. A preferred
+  /// address that is misaligned or not free is ignored (the lowest free address is used).
+  /// Called under the device's lock: the plan must not call back into the device.
+  void set_address_plan(std::function<std::uintptr_t(std::size_t bytes)> plan);
 
   // --- fault injection -----------------------------------------------------------------------------
 

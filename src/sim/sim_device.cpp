@@ -16,6 +16,7 @@
 #include <exception>
 #include <iterator>
 #include <limits>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -146,6 +147,7 @@ struct SimDevice::State {
   std::size_t reservations = 0;
   std::size_t used = 0;
   std::size_t peak = 0;
+  std::function<std::uintptr_t(std::size_t)> address_plan;  // preferred segment addresses
 
   // --- the virtual clock. A stream's `done_at` is when all work submitted to it completes; an
   // event's `ready_at` is when the work it captured completes (0 if never recorded: complete).
@@ -277,7 +279,8 @@ struct SimDevice::State {
                   fmt::format("allocate({}): out of memory: {} free of {}", format_bytes(bytes),
                               format_bytes(free_bytes()), format_bytes(options.capacity)));
     }
-    const auto address = find_free_address(charged, options.granularity);
+    auto address = planned_address(charged);
+    if (!address) address = find_free_address(charged, options.granularity);
     if (!address) {
       return fail(Status::out_of_memory,
                   fmt::format("allocate({}): out of address space", format_bytes(bytes)));
@@ -285,6 +288,18 @@ struct SimDevice::State {
     add_segment(*address, charged);
     *ptr = pointer_to(*address);
     return Status::ok;
+  }
+
+  // The address the plan prefers for a segment, if it has one and it is usable.
+  std::optional<std::uintptr_t> planned_address(std::size_t charged) const {
+    if (!address_plan) return std::nullopt;
+    const std::uintptr_t address = address_plan(charged);
+    if (address == 0 || !granule_aligned(address) ||
+        charged > std::numeric_limits<std::uintptr_t>::max() - address ||
+        overlaps(ranges, address, address + charged)) {
+      return std::nullopt;
+    }
+    return address;
   }
 
   Status allocate_at(void* ptr, std::size_t bytes) {
@@ -706,6 +721,11 @@ Status SimDevice::synchronize_device() noexcept {
 }
 
 // --- simulation ----------------------------------------------------------------------------------
+
+void SimDevice::set_address_plan(std::function<std::uintptr_t(std::size_t bytes)> plan) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->address_plan = std::move(plan);
+}
 
 Status SimDevice::allocate_at(void* address, std::size_t bytes) noexcept {
   // Not a contract call: it rebuilds a recorded state, so it is neither counted nor injected.
