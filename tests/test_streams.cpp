@@ -23,21 +23,49 @@ class StreamTest : public AllocatorTest {
 TEST_F(StreamTest, EachStreamHasItsOwnPool) {
   void* a = alloc->allocate(4096, s1);
   alloc->deallocate(a, s1);
-  // s1's cached block is not split for s2: a small segment is a whole segment only when free,
-  // and it is, so s2 takes the segment over instead of asking the device.
+  // s1's cached block is recent: s2 does not take it while the device has room.
   void* b = alloc->allocate(4096, s2);
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(device_calls(DeviceOp::allocate), 1u);
-  EXPECT_EQ(alloc->stats().num_cross_stream_reuse, 1);
-  // While s2 holds part of it, s1 gets a new segment.
-  void* c = alloc->allocate(4096, s1);
-  EXPECT_NE(addr(c) & ~(2 * MiB - 1), addr(b) & ~(2 * MiB - 1));
+  EXPECT_NE(a, b);
   EXPECT_EQ(device_calls(DeviceOp::allocate), 2u);
+  EXPECT_EQ(alloc->stats().num_cross_stream_reuse, 0);
+  EXPECT_EQ(alloc->allocate(4096, s1), a);  // s1 gets its own block back
+  alloc->deallocate(a, s1);
+  alloc->deallocate(b, s2);
+}
+
+TEST_F(StreamTest, AnIdleCachedSegmentIsTakenOverInsteadOfAllocating) {
+  void* a = alloc->allocate(30 * MiB, s1);
+  void* c = alloc->allocate(3 * MiB, s1);  // a 20 MiB segment, 17 MiB of it cached
+  alloc->deallocate(a, s1);
+  // s1 keeps working in its other segment: the 30 MiB one sits idle.
+  for (int i = 0; i < 16; ++i) alloc->deallocate(alloc->allocate(3 * MiB, s1), s1);
+  void* b = alloc->allocate(30 * MiB, s2);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(device_calls(DeviceOp::allocate), 2u);  // the 30 MiB and the 20 MiB segments
+  EXPECT_EQ(alloc->stats().num_cross_stream_reuse, 1);
   alloc->deallocate(b, s2);
   alloc->deallocate(c, s1);
 }
 
+TEST_F(StreamTest, WhenTheDeviceIsFullAnyCachedSegmentIsTakenOver) {
+  make("", 2 * MiB);
+  s1 = device->create_stream();
+  s2 = device->create_stream();
+  void* a = alloc->allocate(4096, s1);
+  alloc->deallocate(a, s1);  // parked in s1's only segment
+  void* b = alloc->allocate(4096, s2);
+  EXPECT_EQ(a, b);
+  const Stats s = alloc->stats();
+  EXPECT_EQ(s.num_cross_stream_reuse, 1);
+  EXPECT_EQ(s.num_alloc_retries, 0);  // no need to free the cache
+  EXPECT_EQ(s.num_device_free, 0);
+  alloc->deallocate(b, s2);
+}
+
 TEST_F(StreamTest, TakeOverOrdersTheNewStreamAfterTheOldStreamsWork) {
+  make("", 20 * MiB);
+  s1 = device->create_stream();
+  s2 = device->create_stream();
   void* a = alloc->allocate(8 * MiB, s1);
   device->launch(s1, 1000);  // a kernel on s1 still uses `a`
   alloc->deallocate(a, s1);
@@ -51,14 +79,16 @@ TEST_F(StreamTest, TakeOverOrdersTheNewStreamAfterTheOldStreamsWork) {
 }
 
 TEST_F(StreamTest, CrossStreamReuseCanBeSwitchedOff) {
-  make("cross_stream_reuse:False");
+  make("cross_stream_reuse:False", 2 * MiB);
   s1 = device->create_stream();
   s2 = device->create_stream();
   void* a = alloc->allocate(4096, s1);
   alloc->deallocate(a, s1);
-  void* b = alloc->allocate(4096, s2);
-  EXPECT_NE(a, b);
-  EXPECT_EQ(device_calls(DeviceOp::allocate), 2u);
+  void* b = alloc->allocate(4096, s2);  // the device is full: the cache is released instead
+  const Stats s = alloc->stats();
+  EXPECT_EQ(s.num_cross_stream_reuse, 0);
+  EXPECT_EQ(s.num_alloc_retries, 1);
+  EXPECT_EQ(s.num_device_free, 1);
   alloc->deallocate(b, s2);
 }
 
@@ -128,6 +158,9 @@ TEST_F(StreamTest, StatisticsAddUpAcrossPools) {
 }
 
 TEST_F(StreamTest, TakeOverMovesSegmentStatisticsWithoutCountingThemTwice) {
+  make("", 30 * MiB);
+  s1 = device->create_stream();
+  s2 = device->create_stream();
   void* a = alloc->allocate(30 * MiB, s1);
   alloc->deallocate(a, s1);
   void* b = alloc->allocate(30 * MiB, s2);

@@ -57,6 +57,12 @@ const char* to_string(StatKind kind) noexcept;
 const char* to_string(StatPool pool) noexcept;
 
 /// All statistics of one allocator (`torch.cuda.memory_stats()` equivalent).
+///
+/// Current values and running sums are exact. Peaks are exact while the allocator serves one
+/// stream; with several streams each stream's pool publishes its changes to the allocator-wide
+/// figures in batches (so that threads on different streams never write the same memory on the
+/// hot path), and an allocator-wide peak may miss a short-lived maximum by up to 2 MiB of
+/// allocated bytes, or 64 blocks, per stream.
 struct Stats {
   Stat array[kStatKinds][kStatPools];  ///< indexed by StatKind, StatPool
   Stat oversize_allocations;           ///< allocated blocks >= max_split_size

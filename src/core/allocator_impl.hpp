@@ -95,7 +95,10 @@ class CachingAllocator::Impl {
   Device& device() const noexcept { return device_; }
 
  private:
-  detail::StreamPool& pool_for(Stream stream);
+  detail::StreamPool& pool_for(Stream stream) {
+    if (detail::StreamPool* pool = pools_.find(stream)) return *pool;
+    return create_pool(stream);
+  }
   detail::StreamPool& create_pool(Stream stream);
 
   // Request paths (caching_allocator.cpp).
@@ -113,7 +116,10 @@ class CachingAllocator::Impl {
   // Device memory and reclamation (reclaim.cpp); global lock held.
   detail::Block* new_segment(detail::StreamPool& pool, std::size_t size, bool small);
   bool release_segment(detail::StreamPool& pool, detail::Block* b);
-  bool take_over_segment(detail::StreamPool& pool, std::size_t size, bool small);
+  bool take_over_segment(detail::StreamPool& pool, std::size_t size, bool small, bool idle_only);
+  /// Requests of its own pool a whole free segment must sit out before another stream may take
+  /// it over while the device still has room.
+  static constexpr std::uint64_t kTakeOverAge = 16;
   bool release_oversize(detail::StreamPool& pool, std::size_t size);
   std::size_t release_cache(const detail::StreamPool* held);
   void collect_garbage(const detail::StreamPool* held);
@@ -131,7 +137,7 @@ class CachingAllocator::Impl {
   detail::EventPool events_;
   mutable std::mutex mutex_;  // the global lock
   PoolTable pools_;
-  detail::SharedStats shared_stats_;
+  mutable detail::SharedStats shared_stats_;  // written by publication, also from reads
   std::atomic<detail::SharedStats*> shared_{nullptr};  // set once a second pool exists
   std::atomic<std::size_t> reserved_{0};
   std::size_t device_total_ = 0;

@@ -86,11 +86,6 @@ void CachingAllocator::Impl::set_memory_fraction(double fraction) {
   update_allowed();
 }
 
-StreamPool& CachingAllocator::Impl::pool_for(Stream stream) {
-  if (StreamPool* pool = pools_.find(stream)) return *pool;
-  return create_pool(stream);
-}
-
 StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
   std::lock_guard<std::mutex> global(mutex_);
   if (StreamPool* pool = pools_.find(stream)) return *pool;
@@ -102,6 +97,7 @@ StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
     Stats first_stats;
     first.stats().export_to(first_stats);
     shared_stats_.seed(first_stats);
+    first.stats().mark_published();
     shared_.store(&shared_stats_, std::memory_order_relaxed);
   }
   auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_);
@@ -153,11 +149,15 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   pool.flush_parked();
   if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
   if (config_.garbage_collection_threshold > 0.0) collect_garbage(&pool);
-  if (config_.cross_stream_reuse && take_over_segment(pool, size, small)) {
+  if (config_.cross_stream_reuse && take_over_segment(pool, size, small, /*idle_only=*/true)) {
     if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
   }
   const std::size_t segment = policy_.segment_size(size);
   if (Block* b = new_segment(pool, segment, small)) return pool.take(b, size, bytes);
+  // The device is full: any cached segment of another stream is better than freeing the cache.
+  if (config_.cross_stream_reuse && take_over_segment(pool, size, small, /*idle_only=*/false)) {
+    if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+  }
   if (release_oversize(pool, size)) {
     if (Block* b = new_segment(pool, segment, small)) return pool.take(b, size, bytes);
   }
@@ -189,7 +189,7 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   if (!config_.pass_through) {
     if (StreamPool* pool = pools_.find(stream)) {
       std::lock_guard<detail::SpinLock> lock(pool->mutex);
-      if (Block* b = pool->find_allocated(addr)) {
+      if (Block* b = pool->extract_allocated(addr)) {
         free_block(*pool, b, stream);
         return;
       }
@@ -203,7 +203,7 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
   std::lock_guard<std::mutex> global(mutex_);
   for (const auto& pool : pools_.all()) {
     std::lock_guard<detail::SpinLock> lock(pool->mutex);
-    Block* b = pool->find_allocated(addr);
+    Block* b = pool->extract_allocated(addr);
     if (b == nullptr) continue;
     if (!config_.pass_through) {
       free_block(*pool, b, stream);
@@ -221,7 +221,8 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
   throw_invalid_pointer(addr, "deallocate");
 }
 
-// Pool lock held. Caches the block at once unless another stream may still use it.
+// Pool lock held; `b` extracted from the pointer map. Caches the block at once unless another
+// stream may still use it.
 void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, Stream stream) {
   if (b->stream_uses.empty() && stream == pool.stream) {
     pool.release(b);
@@ -230,10 +231,10 @@ void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, Stream strea
   free_with_uses(pool, b, stream);
 }
 
-// Pool lock held. Records an event on every other stream that used the block (and on the freeing
-// stream if it is not the block's own); the block is cached once they have all completed. If
-// events cannot be recorded, waits for those streams now instead; if even that fails, throws
-// with the block still allocated.
+// Pool lock held; `b` extracted. Records an event on every other stream that used the block (and
+// on the freeing stream if it is not the block's own); the block is cached once they have all
+// completed. If events cannot be recorded, waits for those streams now instead; if even that
+// fails, throws with the block still allocated.
 void CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream stream) {
   std::vector<Stream> streams = b->stream_uses;
   if (stream != pool.stream && std::find(streams.begin(), streams.end(), stream) == streams.end()) {
@@ -249,10 +250,18 @@ void CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream s
   } catch (const DeviceError&) {
     for (Event e : recorded) events_.release(e);
     for (Stream s : streams) {
-      detail::check_device(device_, device_.synchronize_stream(s), DeviceOp::synchronize_stream);
+      const Status status = device_.synchronize_stream(s);
+      if (status != Status::ok) {
+        pool.restore(b);
+        detail::throw_device_error(device_, status, DeviceOp::synchronize_stream);
+      }
     }
     pool.release(b);
     return;
+  } catch (...) {  // out of host memory: give the block back to its owner untouched
+    for (Event e : recorded) events_.release(e);
+    pool.restore(b);
+    throw;
   }
   pool.end_allocation(b);
   pool.make_pending(b, recorded, streams);

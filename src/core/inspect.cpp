@@ -25,7 +25,10 @@ Stats CachingAllocator::Impl::stats() const {
     if (!pools_.all().empty()) pools_.all().front()->stats().export_to(s);
   } else {
     // Current values and peaks are allocator-wide atomics; running sums add up over pools.
-    for (const auto& pool : pools_.all()) pool->stats().add_sums_to(s);
+    for (const auto& pool : pools_.all()) {
+      pool->publish_stats();
+      pool->stats().add_sums_to(s);
+    }
     shared_stats_.export_to(s);
   }
   s.num_alloc_retries = num_alloc_retries_;
@@ -43,6 +46,7 @@ void CachingAllocator::Impl::reset_peak_stats() {
   std::lock_guard<std::mutex> global(mutex_);
   AllPoolsLock locks(pools_, nullptr);
   for (const auto& pool : pools_.all()) {
+    pool->publish_stats();
     pool->stats().reset_peaks();
   }
   shared_stats_.reset_peaks();
@@ -275,7 +279,10 @@ void CachingAllocator::Impl::check() const {
   std::lock_guard<std::mutex> global(mutex_);
   AllPoolsLock locks(pools_, nullptr);
   Stats totals;
-  for (const auto& pool : pools_.all()) check_pool(*pool, totals);
+  for (const auto& pool : pools_.all()) {
+    check_pool(*pool, totals);
+    pool->publish_stats();
+  }
   const std::int64_t reserved = totals.get(StatKind::reserved_bytes, StatPool::all).current;
   if (static_cast<std::int64_t>(reserved_bytes()) != reserved) {
     throw InvariantViolation(fmt::format("cistern::check: reserved counter {} but segments hold {}",

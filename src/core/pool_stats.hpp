@@ -4,12 +4,18 @@
 //
 // Each stream pool keeps its own `Stats` (plain integers, under the pool's lock). While the
 // allocator has a single pool - the common case: one stream - those are the allocator's
-// statistics, exactly. Once a second pool exists, every change is also applied to
-// `SharedStats`, relaxed atomics that hold the allocator-wide current values and peaks (a peak
-// of a sum cannot be derived from per-pool peaks). Running sums (`allocated`/`freed`) are always
-// the sums over the pools.
+// statistics, exactly. Once a second pool exists, allocator-wide peaks need allocator-wide
+// current values (a peak of a sum cannot be derived from per-pool peaks): pools then publish
+// their changes into `SharedStats`, relaxed atomics. Publishing on every operation would make
+// every thread write the same cache lines - exactly the serialisation per-stream pools avoid -
+// so a pool publishes in batches: after kPublishOps hot-path operations, when its allocated
+// bytes moved by kPublishBytes, after every segment change, and before any read. Current values
+// and running sums are therefore always exact when read; an allocator-wide peak can miss a
+// transient maximum by at most the unpublished change of each pool (kPublishBytes of
+// allocated bytes, kPublishOps blocks). With one pool everything is exact.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -24,7 +30,7 @@ class SharedStats {
   void add_oversize_allocations(std::int64_t delta) noexcept { apply(oversize_alloc_, delta); }
   void add_oversize_segments(std::int64_t delta) noexcept { apply(oversize_seg_, delta); }
 
-  /// Starts from a pool's statistics (the only pool so far).
+  /// Starts from the statistics of the only pool so far (current values and peaks).
   void seed(const Stats& stats) noexcept {
     for (int k = 0; k < kStatKinds; ++k)
       for (int p = 0; p < kStatPools; ++p) load(array_[k][p], stats.array[k][p]);
@@ -72,13 +78,22 @@ class SharedStats {
   Cell oversize_seg_;
 };
 
-/// One pool's statistics; see the file comment. The small- and large-pool rows are kept in
-/// full; the "all" row keeps only its current value and peak, as its running sums are the sums
-/// of the other two rows - which keeps the hot path short.
+/// One pool's statistics; see the file comment.
+///
+/// To keep the hot path short, the small- and large-pool rows are kept in full, the "all" row
+/// only as current value and peak (its running sums are the sums of the rows), and the three
+/// activity statistics are derived: `active`, `active_bytes` and `requested_bytes` are the
+/// allocated blocks (`allocation`, `allocated_bytes`, the requested bytes of allocated blocks,
+/// stored in the `requested_bytes` row) plus the pending ones (counted here). While nothing is
+/// pending - almost always - they equal the stored figures; the peaks they reach while frees are
+/// pending are tracked explicitly (`track_activity_peaks`), so every derived peak is exact.
 class PoolStats {
  public:
-  /// Raises a statistic of the pool kind (small/large) and of "all" by `delta` >= 0.
-  void inc(StatKind kind, bool small, std::int64_t delta, SharedStats* shared) noexcept {
+  static constexpr int kPublishOps = 64;
+  static constexpr std::int64_t kPublishBytes = std::int64_t{2} << 20;
+
+  /// Raises a stored statistic of the pool kind (small/large) and of "all" by `delta` >= 0.
+  void inc(StatKind kind, bool small, std::int64_t delta) noexcept {
     const int k = static_cast<int>(kind);
     Stat& row = rows_[k][small ? 0 : 1];
     row.current += delta;
@@ -87,25 +102,19 @@ class PoolStats {
     Level& all = all_[k];
     all.current += delta;
     if (all.current > all.peak) all.peak = all.current;
-    if (shared != nullptr) mirror(shared, k, small, delta);
   }
-  /// Lowers a statistic by `delta` >= 0 (peaks cannot change).
-  void dec(StatKind kind, bool small, std::int64_t delta, SharedStats* shared) noexcept {
+  /// Lowers a stored statistic by `delta` >= 0 (peaks cannot change).
+  void dec(StatKind kind, bool small, std::int64_t delta) noexcept {
     const int k = static_cast<int>(kind);
     Stat& row = rows_[k][small ? 0 : 1];
     row.current -= delta;
     row.freed += delta;
     all_[k].current -= delta;
-    if (shared != nullptr) mirror(shared, k, small, -delta);
   }
-  void add_oversize_allocations(std::int64_t delta, SharedStats* shared) noexcept {
+  void add_oversize_allocations(std::int64_t delta) noexcept {
     oversize_allocations_.update(delta);
-    if (shared != nullptr) shared->add_oversize_allocations(delta);
   }
-  void add_oversize_segments(std::int64_t delta, SharedStats* shared) noexcept {
-    oversize_segments_.update(delta);
-    if (shared != nullptr) shared->add_oversize_segments(delta);
-  }
+  void add_oversize_segments(std::int64_t delta) noexcept { oversize_segments_.update(delta); }
   /// Moves `delta` of a statistic into (or, negative, out of) this pool without counting it as
   /// allocated or freed: a segment changing owner is neither.
   void transfer(StatKind kind, bool small, std::int64_t delta) noexcept {
@@ -117,16 +126,92 @@ class PoolStats {
     move(oversize_segments_.current, oversize_segments_.peak, delta);
   }
 
-  /// The current value of one statistic.
+  // --- pending frees (the derived activity statistics) -------------------------------------------
+
+  /// An allocation ended but its block waits for events: it stays active.
+  void begin_pending(bool small, std::int64_t bytes, std::int64_t requested) noexcept {
+    Pending& p = pending_[small ? 0 : 1];
+    ++p.blocks;
+    p.bytes += bytes;
+    p.requested += requested;
+    ++pending_blocks_;
+  }
+  /// A pending block's events completed: it is no longer active.
+  void end_pending(bool small, std::int64_t bytes, std::int64_t requested) noexcept {
+    Pending& p = pending_[small ? 0 : 1];
+    --p.blocks;
+    p.bytes -= bytes;
+    p.requested -= requested;
+    --pending_blocks_;
+  }
+  /// Whether any free is pending (then allocations must call track_activity_peaks).
+  bool any_pending() const noexcept { return pending_blocks_ != 0; }
+  /// Records the activity statistics' current values in their peaks.
+  void track_activity_peaks() noexcept {
+    for (int d = 0; d < kDerived; ++d) {
+      for (int q = 0; q < kStatPools; ++q) {
+        std::int64_t& peak = activity_peak_[d][q];
+        peak = std::max(peak, current(kDerivedKinds[d], static_cast<StatPool>(q)));
+      }
+    }
+  }
+
+  // --- publication to the allocator-wide statistics ----------------------------------------------
+
+  /// Counts one hot-path operation; whether it is time to publish (see the file comment).
+  bool due_for_publishing() noexcept {
+    const int bytes = static_cast<int>(StatKind::allocated_bytes);
+    const std::int64_t moved = all_[bytes].current - published_[bytes][0];
+    return ++ops_since_publish_ >= kPublishOps || moved >= kPublishBytes || -moved >= kPublishBytes;
+  }
+  /// Adds everything that changed since the last publication to `shared`.
+  void publish(SharedStats& shared) noexcept {
+    for (int k = 0; k < kStatKinds; ++k) {
+      for (int q = 0; q < kStatPools; ++q) {
+        const std::int64_t now = current(static_cast<StatKind>(k), static_cast<StatPool>(q));
+        const std::int64_t delta = now - published_[k][q];
+        if (delta == 0) continue;
+        shared.add(k, q, delta);
+        published_[k][q] = now;
+      }
+    }
+    if (const std::int64_t d = oversize_allocations_.current - published_oversize_[0]) {
+      shared.add_oversize_allocations(d);
+      published_oversize_[0] = oversize_allocations_.current;
+    }
+    if (const std::int64_t d = oversize_segments_.current - published_oversize_[1]) {
+      shared.add_oversize_segments(d);
+      published_oversize_[1] = oversize_segments_.current;
+    }
+    ops_since_publish_ = 0;
+  }
+  /// Records the current values as published (the shared statistics were seeded from them).
+  void mark_published() noexcept {
+    for (int k = 0; k < kStatKinds; ++k) {
+      for (int q = 0; q < kStatPools; ++q) {
+        published_[k][q] = current(static_cast<StatKind>(k), static_cast<StatPool>(q));
+      }
+    }
+    published_oversize_[0] = oversize_allocations_.current;
+    published_oversize_[1] = oversize_segments_.current;
+    ops_since_publish_ = 0;
+  }
+
+  // --- reading -----------------------------------------------------------------------------------
+
+  /// The current value of one statistic (derived ones included).
   std::int64_t current(StatKind kind, StatPool pool) const noexcept {
-    const int k = static_cast<int>(kind);
-    return pool == StatPool::all ? all_[k].current
-                                 : rows_[k][pool == StatPool::small_pool ? 0 : 1].current;
+    const int d = derived_index(kind);
+    const int k = static_cast<int>(d < 0 ? kind : kBaseKinds[d]);
+    const std::int64_t stored =
+        pool == StatPool::all ? all_[k].current
+                              : rows_[k][pool == StatPool::small_pool ? 0 : 1].current;
+    return d < 0 ? stored : stored + pending_amount(d, pool);
   }
   std::int64_t oversize_allocations() const noexcept { return oversize_allocations_.current; }
   std::int64_t oversize_segments() const noexcept { return oversize_segments_.current; }
 
-  /// All statistics in PyTorch's shape (the "all" sums derived from the rows).
+  /// All statistics in PyTorch's shape.
   void export_to(Stats& s) const noexcept {
     for (int k = 0; k < kStatKinds; ++k) {
       s.array[k][1] = rows_[k][0];
@@ -136,6 +221,21 @@ class PoolStats {
       all.peak = all_[k].peak;
       all.allocated = rows_[k][0].allocated + rows_[k][1].allocated;
       all.freed = rows_[k][0].freed + rows_[k][1].freed;
+    }
+    // The derived statistics: stored (allocated blocks) plus pending blocks; every allocation
+    // activates, every completed free deactivates.
+    for (int d = 0; d < kDerived; ++d) {
+      const int base = static_cast<int>(kBaseKinds[d]);
+      const int kind = static_cast<int>(kDerivedKinds[d]);
+      for (int q = 0; q < kStatPools; ++q) {
+        const Stat& b = s.array[base][q];
+        const std::int64_t pending = pending_amount(d, static_cast<StatPool>(q));
+        Stat& out = s.array[kind][q];
+        out.current = b.current + pending;
+        out.peak = std::max(b.peak, activity_peak_[d][q]);
+        out.allocated = b.allocated;
+        out.freed = b.freed - pending + pending_at_reset_[d][q];
+      }
     }
     s.oversize_allocations = oversize_allocations_;
     s.oversize_segments = oversize_segments_;
@@ -161,6 +261,11 @@ class PoolStats {
       for (Stat& row : rows_[k]) row.peak = row.current;
       all_[k].peak = all_[k].current;
     }
+    for (int d = 0; d < kDerived; ++d) {
+      for (int q = 0; q < kStatPools; ++q) {
+        activity_peak_[d][q] = current(kDerivedKinds[d], static_cast<StatPool>(q));
+      }
+    }
     oversize_allocations_.peak = oversize_allocations_.current;
     oversize_segments_.peak = oversize_segments_.current;
   }
@@ -168,28 +273,63 @@ class PoolStats {
   void reset_sums() noexcept {
     for (auto& row : rows_)
       for (Stat& s : row) s.allocated = s.freed = 0;
+    for (int d = 0; d < kDerived; ++d) {
+      for (int q = 0; q < kStatPools; ++q) {
+        pending_at_reset_[d][q] = pending_amount(d, static_cast<StatPool>(q));
+      }
+    }
     oversize_allocations_.allocated = oversize_allocations_.freed = 0;
     oversize_segments_.allocated = oversize_segments_.freed = 0;
   }
 
  private:
-  static void mirror(SharedStats* shared, int k, bool small, std::int64_t delta) noexcept {
-    shared->add(k, small ? 1 : 2, delta);
-    shared->add(k, 0, delta);
-  }
   struct Level {
     std::int64_t current = 0;
     std::int64_t peak = 0;
   };
+  struct Pending {
+    std::int64_t blocks = 0;
+    std::int64_t bytes = 0;
+    std::int64_t requested = 0;
+  };
+  // The derived statistics and the stored statistics they extend.
+  static constexpr int kDerived = 3;
+  static constexpr StatKind kDerivedKinds[kDerived] = {StatKind::active, StatKind::active_bytes,
+                                                       StatKind::requested_bytes};
+  static constexpr StatKind kBaseKinds[kDerived] = {StatKind::allocation,
+                                                    StatKind::allocated_bytes,
+                                                    StatKind::requested_bytes};
+  static constexpr int derived_index(StatKind kind) noexcept {
+    return kind == StatKind::active         ? 0
+           : kind == StatKind::active_bytes ? 1
+           : kind == StatKind::requested_bytes ? 2
+                                               : -1;
+  }
+  std::int64_t pending_amount(int d, StatPool pool) const noexcept {
+    auto amount = [d](const Pending& p) {
+      return d == 0 ? p.blocks : d == 1 ? p.bytes : p.requested;
+    };
+    if (pool == StatPool::small_pool) return amount(pending_[0]);
+    if (pool == StatPool::large_pool) return amount(pending_[1]);
+    return amount(pending_[0]) + amount(pending_[1]);
+  }
   static void move(std::int64_t& current, std::int64_t& peak, std::int64_t delta) noexcept {
     current += delta;
     if (current > peak) peak = current;
   }
 
-  Stat rows_[kStatKinds][2];  // small, large
+  Stat rows_[kStatKinds][2];  // small, large; the active rows stay unused (derived)
   Level all_[kStatKinds];
   Stat oversize_allocations_;
   Stat oversize_segments_;
+  Pending pending_[2];  // small, large
+  std::int64_t pending_blocks_ = 0;
+  std::int64_t activity_peak_[kDerived][kStatPools] = {};     // all, small, large
+  std::int64_t pending_at_reset_[kDerived][kStatPools] = {};  // pending when sums were reset
+  // What the shared statistics know of this pool, indexed like Stats::array (all, small, large).
+  std::int64_t published_[kStatKinds][kStatPools] = {};
+  std::int64_t published_oversize_[2] = {};
+  int ops_since_publish_ = 0;
 };
 
 }  // namespace cistern::detail

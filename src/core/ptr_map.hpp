@@ -3,7 +3,7 @@
 // PtrMap: address -> Block* for the allocated blocks of one pool.
 //
 // Open addressing with linear probing and backward-shift deletion (no tombstones), load factor
-// at most 1/2, so a lookup touches one or two cache lines and never allocates. Keys are block
+// at most 1/4, so a lookup touches one or two cache lines and never allocates. Keys are block
 // addresses, multiples of 512, so the low bits are dropped before hashing. Key 0 marks an empty
 // slot; no device returns address 0.
 #pragma once
@@ -21,8 +21,8 @@ class PtrMap {
   PtrMap() { rehash(64); }
 
   /// Adds `key -> block`; the key must not be present.
-  void insert(std::uintptr_t key, Block* block) {
-    if ((size_ + 1) * 2 > capacity_) rehash(capacity_ * 2);
+  inline __attribute__((always_inline)) void insert(std::uintptr_t key, Block* block) {
+    if (size_ >= grow_at_) grow();
     std::size_t i = slot_of(key);
     while (slots_[i].key != 0) i = (i + 1) & mask_;
     slots_[i] = {key, block};
@@ -38,12 +38,16 @@ class PtrMap {
   }
 
   /// Removes `key`; returns whether it was present.
-  bool erase(std::uintptr_t key) noexcept {
+  bool erase(std::uintptr_t key) noexcept { return extract(key) != nullptr; }
+
+  /// Removes `key` and returns its block, or nullptr if absent: one probe for find and erase.
+  Block* extract(std::uintptr_t key) noexcept {
     std::size_t i = slot_of(key);
     while (slots_[i].key != key) {
-      if (slots_[i].key == 0) return false;
+      if (slots_[i].key == 0) return nullptr;
       i = (i + 1) & mask_;
     }
+    Block* const found = slots_[i].block;
     // Backward shift: pull later entries of the probe run into the hole when their home slot
     // allows, so that every remaining key stays reachable from its home slot.
     std::size_t hole = i;
@@ -57,7 +61,7 @@ class PtrMap {
     }
     slots_[hole] = {0, nullptr};
     --size_;
-    return true;
+    return found;
   }
 
   /// Entries held.
@@ -81,12 +85,15 @@ class PtrMap {
     return static_cast<std::size_t>(((key >> 9) * 0x9E3779B97F4A7C15ull) >> shift_);
   }
 
+  __attribute__((noinline)) void grow() { rehash(capacity_ * 2); }
+
   void rehash(std::size_t capacity) {
     std::unique_ptr<Slot[]> old = std::move(slots_);
     const std::size_t old_capacity = capacity_;
     slots_ = std::make_unique<Slot[]>(capacity);
     for (std::size_t i = 0; i < capacity; ++i) slots_[i] = {0, nullptr};
     capacity_ = capacity;
+    grow_at_ = capacity / 4;  // load factor at most 1/4: short probe runs for insert and extract
     mask_ = capacity - 1;
     shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
     size_ = 0;
@@ -97,6 +104,7 @@ class PtrMap {
 
   std::unique_ptr<Slot[]> slots_;
   std::size_t capacity_ = 0;
+  std::size_t grow_at_ = 0;
   std::size_t mask_ = 0;
   unsigned shift_ = 0;
   std::size_t size_ = 0;

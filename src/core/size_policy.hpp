@@ -27,12 +27,15 @@ inline int log2_floor(std::uint64_t x) noexcept { return 63 - __builtin_clzll(x)
 /// The policy, precomputed from a `Config`.
 class SizePolicy {
  public:
-  explicit SizePolicy(const Config& config) : config_(&config) {}
+  explicit SizePolicy(const Config& config) : config_(&config) {
+    for (const std::uint32_t d : config.roundup_power2_divisions) rounds_to_divisions_ |= d > 1;
+  }
 
   /// The block size that serves a request of `bytes` (0 < bytes <= kMaxRequest).
   std::size_t round(std::size_t bytes) const noexcept {
     const std::size_t min_block = config_->min_block_size;
     if (bytes <= min_block) return min_block;
+    if (!rounds_to_divisions_) return round_up(bytes, min_block);
     const std::uint32_t divisions = divisions_for(bytes);
     if (divisions > 1 && bytes > min_block * divisions) return round_to_division(bytes, divisions);
     return round_up(bytes, min_block);
@@ -86,6 +89,7 @@ class SizePolicy {
   }
 
   const Config* config_;
+  bool rounds_to_divisions_ = false;  // some interval has roundup_power2_divisions > 1
 };
 
 }  // namespace cistern::detail

@@ -64,12 +64,12 @@ StreamPool::~StreamPool() {
 
 // --- index bookkeeping ------------------------------------------------------------------------------
 
-void StreamPool::index_block(Block* b, SharedStats* sh) noexcept {
+void StreamPool::index_block(Block* b) noexcept {
   const bool small = !b->segment->large;
   b->gc_base = lookups_[small ? 0 : 1];
   index(small).insert(b);
   if (!b->is_whole_segment()) {
-    count_split(b, small, sh);
+    count_split(b, small);
     return;
   }
   Block*& head = whole_[small ? 0 : 1];
@@ -79,11 +79,11 @@ void StreamPool::index_block(Block* b, SharedStats* sh) noexcept {
   head = b;
 }
 
-void StreamPool::unindex(Block* b, SharedStats* sh) noexcept {
+void StreamPool::unindex(Block* b) noexcept {
   const bool small = !b->segment->large;
   index(small).remove(b);
   if (b->counted_split) {
-    uncount_split(b, small, sh);
+    uncount_split(b, small);
     return;
   }
   Block*& head = whole_[small ? 0 : 1];
@@ -94,7 +94,7 @@ void StreamPool::unindex(Block* b, SharedStats* sh) noexcept {
 }
 
 // Cuts `b` to `size`; the rest becomes a new free block right after it.
-void StreamPool::split(Block* b, std::size_t size, SharedStats* sh) {
+void StreamPool::split(Block* b, std::size_t size) {
   Block* rest = arena_.make();
   rest->addr = b->addr + size;
   rest->size = b->size - size;
@@ -104,12 +104,12 @@ void StreamPool::split(Block* b, std::size_t size, SharedStats* sh) {
   if (b->next != nullptr) b->next->prev = rest;
   b->next = rest;
   b->size = size;
-  index_block(rest, sh);
+  index_block(rest);
 }
 
 // Merges the free neighbour `gone` into `into` (both in the same segment, adjacent).
-void StreamPool::absorb(Block* into, Block* gone, SharedStats* sh) noexcept {
-  unindex(gone, sh);
+void StreamPool::absorb(Block* into, Block* gone) noexcept {
+  unindex(gone);
   if (gone->addr < into->addr) {
     into->addr = gone->addr;
     into->prev = gone->prev;
@@ -123,26 +123,26 @@ void StreamPool::absorb(Block* into, Block* gone, SharedStats* sh) noexcept {
   arena_.recycle(gone);
 }
 
-void StreamPool::coalesce(Block* b, SharedStats* sh) noexcept {
-  if (b->prev != nullptr && b->prev->is_free()) absorb(b, b->prev, sh);
-  if (b->next != nullptr && b->next->is_free()) absorb(b, b->next, sh);
-  index_block(b, sh);
+void StreamPool::coalesce(Block* b) noexcept {
+  if (b->prev != nullptr && b->prev->is_free()) absorb(b, b->prev);
+  if (b->next != nullptr && b->next->is_free()) absorb(b, b->next);
+  index_block(b);
 }
 
 void StreamPool::flush_parked() noexcept {
-  SharedStats* sh = shared();
   for (const std::uint32_t bin : parked_bins_) {
     while (Block* b = parked_[bin]) {
       parked_[bin] = b->left;
       b->left = nullptr;
-      uncount_split(b, true, sh);
+      uncount_split(b, true);
       b->state = BlockState::free;
-      coalesce(b, sh);
+      coalesce(b);
     }
     parked_count_[bin] = 0;
     parked_listed_[bin] = 0;
   }
   parked_bins_.clear();
+  publish_stats();
 }
 
 std::size_t StreamPool::parked_count() const noexcept {
@@ -166,6 +166,8 @@ void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
                               const std::vector<Stream>& streams) {
   b->state = BlockState::pending;
   b->pending_events = static_cast<std::uint32_t>(events.size());
+  stats_.begin_pending(!b->segment->large, static_cast<std::int64_t>(b->size),
+                       static_cast<std::int64_t>(b->requested));
   for (std::size_t i = 0; i < events.size(); ++i) {
     auto queue = std::find_if(pending_.begin(), pending_.end(),
                               [&](const PendingQueue& q) { return q.stream == streams[i]; });
@@ -188,7 +190,7 @@ void StreamPool::process_events(Device& device, EventPool& events) {
       queue.entries.pop_front();
       --pending_count_;
       events.release(front.event);
-      if (--front.block->pending_events == 0) retire(front.block);
+      if (--front.block->pending_events == 0) retire_pending(front.block);
     }
   }
 }
@@ -201,7 +203,7 @@ void StreamPool::synchronize_events(Device& device, EventPool& events) {
       queue.entries.pop_front();
       --pending_count_;
       events.release(front.event);
-      if (--front.block->pending_events == 0) retire(front.block);
+      if (--front.block->pending_events == 0) retire_pending(front.block);
     }
   }
 }
@@ -238,11 +240,11 @@ Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool l
   b->segment = segment.get();
   link_segment(segment.release());
   const bool small = !large;
-  SharedStats* sh = shared();
-  stats_.inc(StatKind::segment, small, 1, sh);
-  stats_.inc(StatKind::reserved_bytes, small, static_cast<std::int64_t>(size), sh);
-  if (policy_.is_oversize(size)) stats_.add_oversize_segments(1, sh);
-  index_block(b, sh);
+  stats_.inc(StatKind::segment, small, 1);
+  stats_.inc(StatKind::reserved_bytes, small, static_cast<std::int64_t>(size));
+  if (policy_.is_oversize(size)) stats_.add_oversize_segments(1);
+  index_block(b);
+  publish_stats();  // segment changes are rare: keep allocator-wide reserved peaks exact
   return b;
 }
 
@@ -250,13 +252,12 @@ Segment* StreamPool::remove_whole_segment(Block* b, bool count_as_freed) {
   Segment* segment = b->segment;
   const bool small = !segment->large;
   const auto size = static_cast<std::int64_t>(segment->size);
-  SharedStats* sh = shared();
-  unindex(b, sh);
+  unindex(b);
   unlink_segment(segment);
   if (count_as_freed) {
-    stats_.dec(StatKind::segment, small, 1, sh);
-    stats_.dec(StatKind::reserved_bytes, small, size, sh);
-    if (policy_.is_oversize(segment->size)) stats_.add_oversize_segments(-1, sh);
+    stats_.dec(StatKind::segment, small, 1);
+    stats_.dec(StatKind::reserved_bytes, small, size);
+    if (policy_.is_oversize(segment->size)) stats_.add_oversize_segments(-1);
     segment->head = nullptr;
     arena_.recycle(b);
   } else {
@@ -264,6 +265,7 @@ Segment* StreamPool::remove_whole_segment(Block* b, bool count_as_freed) {
     stats_.transfer(StatKind::reserved_bytes, small, -size);
     if (policy_.is_oversize(segment->size)) stats_.transfer_oversize_segments(-1);
   }
+  publish_stats();  // before the adopting pool publishes its gain, so no false peak appears
   return segment;
 }
 
@@ -273,7 +275,8 @@ void StreamPool::adopt_segment(Segment* segment) {
   stats_.transfer(StatKind::segment, small, 1);
   stats_.transfer(StatKind::reserved_bytes, small, static_cast<std::int64_t>(segment->size));
   if (policy_.is_oversize(segment->size)) stats_.transfer_oversize_segments(1);
-  index_block(segment->head, shared());
+  index_block(segment->head);
+  publish_stats();
 }
 
 std::size_t StreamPool::largest_free(bool small) const noexcept {

@@ -31,6 +31,12 @@ class Device;
 
 namespace cistern::detail {
 
+#if defined(__GNUC__)
+#define CISTERN_HOT inline __attribute__((always_inline))
+#else
+#define CISTERN_HOT inline
+#endif
+
 /// Recycles Block objects so the hot path never calls the system allocator.
 class BlockArena {
  public:
@@ -102,16 +108,17 @@ class StreamPool {
   // --- the hot path (pool lock held) -------------------------------------------------------------
 
   /// Hands out a parked small block of exactly `size`, or returns nullptr if none is parked.
-  void* take_parked(std::size_t size, std::size_t requested) {
+  CISTERN_HOT void* take_parked(std::size_t size, std::size_t requested) {
     const std::size_t bin = size >> park_shift_;
     Block* b = parked_[bin];
     if (b == nullptr) return nullptr;
     parked_[bin] = b->left;
     b->left = nullptr;
     --parked_count_[bin];
-    SharedStats* sh = shared();
-    uncount_split(b, true, sh);
-    hand_out(b, requested, true, sh);
+    ++lookups_[0];  // ages cached segments (take-over, garbage collection) by requests served
+    uncount_split(b, true);
+    hand_out(b, requested, true);
+    after_hot_operation();
     return reinterpret_cast<void*>(b->addr);
   }
 
@@ -126,33 +133,54 @@ class StreamPool {
   /// splitting off the rest when the policy says so.
   void* take(Block* b, std::size_t size, std::size_t requested) {
     const bool small = !b->segment->large;
-    SharedStats* sh = shared();
-    unindex(b, sh);
-    if (policy_.should_split(b->size, size, small)) split(b, size, sh);
-    hand_out(b, requested, small, sh);
+    unindex(b);
+    if (policy_.should_split(b->size, size, small)) split(b, size);
+    hand_out(b, requested, small);
+    after_hot_operation();
     return reinterpret_cast<void*>(b->addr);
   }
 
+  /// Removes the allocated block at `addr` from the pointer map and returns it (nullptr if
+  /// none): the first step of every free. Follow with `release`, or give it back with `restore`.
+  CISTERN_HOT Block* extract_allocated(std::uintptr_t addr) noexcept {
+    return allocated_.extract(addr);
+  }
+  /// Puts an extracted block back, unchanged.
+  void restore(Block* b) { allocated_.insert(b->addr, b); }
   /// The allocated block at `addr`, or nullptr.
   Block* find_allocated(std::uintptr_t addr) const noexcept { return allocated_.find(addr); }
 
-  /// Frees an allocated block that no other stream uses: it is cached at once.
-  void release(Block* b) noexcept {
-    SharedStats* sh = shared();
+  /// Frees an extracted block that no other stream uses: it is cached at once.
+  CISTERN_HOT void release(Block* b) noexcept {
     const bool small = !b->segment->large;
-    end_allocation(b, small, sh);
-    retire(b, small, sh);
+    end_allocation(b, small);
+    retire(b, small);
+    after_hot_operation();
   }
 
-  /// Ends the allocation of `b` without caching it: the caller makes it pending.
-  void end_allocation(Block* b) noexcept { end_allocation(b, !b->segment->large, shared()); }
+  /// Ends the allocation of an extracted block without caching it: the caller makes it pending.
+  void end_allocation(Block* b) noexcept {
+    end_allocation(b, !b->segment->large);
+    after_hot_operation();
+  }
 
-  /// Caches a block nobody uses any more (an ended allocation or a completed pending free):
-  /// parks a small block, or coalesces it with its free neighbours and indexes it.
-  void retire(Block* b) noexcept { retire(b, !b->segment->large, shared()); }
+  /// Caches a pending block whose events have all completed: parks a small block, or coalesces
+  /// it with its free neighbours and indexes it.
+  void retire_pending(Block* b) noexcept {
+    const bool small = !b->segment->large;
+    stats_.end_pending(small, static_cast<std::int64_t>(b->size),
+                       static_cast<std::int64_t>(b->requested));
+    retire(b, small);
+    after_hot_operation();
+  }
 
   /// Coalesces and indexes every parked block (before the allocator grows or gives memory back).
   void flush_parked() noexcept;
+
+  /// Publishes this pool's statistics to the allocator-wide ones now (see pool_stats.hpp).
+  void publish_stats() noexcept {
+    if (SharedStats* sh = shared()) stats_.publish(*sh);
+  }
 
   // --- pending frees (pool lock held) ------------------------------------------------------------
 
@@ -205,44 +233,45 @@ class StreamPool {
  private:
   BlockIndex& index(bool small) noexcept { return indexes_[small ? 0 : 1]; }
   SharedStats* shared() const noexcept { return shared_.load(std::memory_order_relaxed); }
+  CISTERN_HOT void after_hot_operation() noexcept {
+    SharedStats* sh = shared();
+    if (sh != nullptr && stats_.due_for_publishing()) stats_.publish(*sh);
+  }
 
   // Allocation bookkeeping: the pointer map and the statistics of a block handed out.
-  void hand_out(Block* b, std::size_t requested, bool small, SharedStats* sh) {
+  CISTERN_HOT void hand_out(Block* b, std::size_t requested, bool small) {
     b->state = BlockState::allocated;
     b->requested = requested;
     allocated_.insert(b->addr, b);
     const auto size = static_cast<std::int64_t>(b->size);
-    stats_.inc(StatKind::allocation, small, 1, sh);
-    stats_.inc(StatKind::allocated_bytes, small, size, sh);
-    stats_.inc(StatKind::active, small, 1, sh);
-    stats_.inc(StatKind::active_bytes, small, size, sh);
-    stats_.inc(StatKind::requested_bytes, small, static_cast<std::int64_t>(requested), sh);
-    if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(1, sh);
+    stats_.inc(StatKind::allocation, small, 1);
+    stats_.inc(StatKind::allocated_bytes, small, size);
+    stats_.inc(StatKind::requested_bytes, small, static_cast<std::int64_t>(requested));
+    if (stats_.any_pending()) stats_.track_activity_peaks();
+    if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(1);
     mirror_allocated(size);
   }
-  void end_allocation(Block* b, bool small, SharedStats* sh) noexcept {
-    allocated_.erase(b->addr);
+  CISTERN_HOT void end_allocation(Block* b, bool small) noexcept {
     const auto size = static_cast<std::int64_t>(b->size);
-    stats_.dec(StatKind::allocation, small, 1, sh);
-    stats_.dec(StatKind::allocated_bytes, small, size, sh);
-    if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(-1, sh);
+    stats_.dec(StatKind::allocation, small, 1);
+    stats_.dec(StatKind::allocated_bytes, small, size);
+    stats_.dec(StatKind::requested_bytes, small, static_cast<std::int64_t>(b->requested));
+    if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(-1);
     mirror_allocated(-size);
   }
-  void retire(Block* b, bool small, SharedStats* sh) noexcept {
-    stats_.dec(StatKind::active, small, 1, sh);
-    stats_.dec(StatKind::active_bytes, small, static_cast<std::int64_t>(b->size), sh);
-    stats_.dec(StatKind::requested_bytes, small, static_cast<std::int64_t>(b->requested), sh);
+  // The activity statistics are derived (pool_stats.hpp): retiring changes none of them.
+  CISTERN_HOT void retire(Block* b, bool small) noexcept {
     b->requested = 0;
-    b->stream_uses.clear();
-    if (small && !b->is_whole_segment() && park(b, sh)) return;
+    if (!b->stream_uses.empty()) b->stream_uses.clear();
+    if (small && !b->is_whole_segment() && park(b)) return;
     b->state = BlockState::free;
-    coalesce(b, sh);
+    coalesce(b);
   }
   void mirror_allocated(std::int64_t delta) noexcept {
     allocated_mirror_.store(allocated_mirror_.load(std::memory_order_relaxed) + delta,
                             std::memory_order_relaxed);
   }
-  bool park(Block* b, SharedStats* sh) noexcept {
+  CISTERN_HOT bool park(Block* b) noexcept {
     const std::size_t bin = b->size >> park_shift_;
     if (parked_count_[bin] >= kParkLimit) return false;
     if (parked_count_[bin]++ == 0 && !parked_listed_[bin]) {
@@ -252,27 +281,27 @@ class StreamPool {
     b->state = BlockState::parked;
     b->left = parked_[bin];
     parked_[bin] = b;
-    count_split(b, true, sh);
+    count_split(b, true);
     return true;
   }
   // inactive_split bookkeeping of a free or parked block of a split segment.
-  void count_split(Block* b, bool small, SharedStats* sh) noexcept {
+  void count_split(Block* b, bool small) noexcept {
     b->counted_split = true;
-    stats_.inc(StatKind::inactive_split, small, 1, sh);
-    stats_.inc(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size), sh);
+    stats_.inc(StatKind::inactive_split, small, 1);
+    stats_.inc(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size));
   }
-  void uncount_split(Block* b, bool small, SharedStats* sh) noexcept {
+  void uncount_split(Block* b, bool small) noexcept {
     b->counted_split = false;
-    stats_.dec(StatKind::inactive_split, small, 1, sh);
-    stats_.dec(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size), sh);
+    stats_.dec(StatKind::inactive_split, small, 1);
+    stats_.dec(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size));
   }
 
   // Index bookkeeping: the block index, the whole-segment list and inactive_split.
-  void index_block(Block* b, SharedStats* sh) noexcept;
-  void unindex(Block* b, SharedStats* sh) noexcept;
-  void split(Block* b, std::size_t size, SharedStats* sh);
-  void coalesce(Block* b, SharedStats* sh) noexcept;
-  void absorb(Block* into, Block* gone, SharedStats* sh) noexcept;
+  void index_block(Block* b) noexcept;
+  void unindex(Block* b) noexcept;
+  void split(Block* b, std::size_t size);
+  void coalesce(Block* b) noexcept;
+  void absorb(Block* into, Block* gone) noexcept;
   void link_segment(Segment* s) noexcept;
   void unlink_segment(Segment* s) noexcept;
 
