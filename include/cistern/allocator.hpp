@@ -38,6 +38,8 @@ class Allocator {
   virtual void empty_cache() = 0;
   /// Current statistics.
   virtual Stats stats() const = 0;
+  /// Bytes currently held from the device (cheap: for sampling after every operation).
+  virtual std::size_t reserved_bytes() const noexcept = 0;
   /// Sets every peak to its current value.
   virtual void reset_peak_stats() = 0;
   /// Segments and blocks, sorted by address.

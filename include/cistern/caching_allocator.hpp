@@ -18,10 +18,12 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cistern/allocator.hpp"
 #include "cistern/config.hpp"
 #include "cistern/device.hpp"
+#include "cistern/history.hpp"
 
 namespace cistern {
 
@@ -48,8 +50,8 @@ class CachingAllocator final : public Allocator {
   void reset_accumulated_stats();
   /// The size of the block that serves `ptr` (rounded), or throws `InvalidPointer`.
   std::size_t allocation_size(void* ptr) const;
-  /// Bytes currently held from the device (cheap; no locks on the hot path).
-  std::size_t reserved_bytes() const noexcept;
+  /// Bytes currently held from the device (one atomic load).
+  std::size_t reserved_bytes() const noexcept override;
   /// Bytes currently handed to callers, rounded (cheap).
   std::size_t allocated_bytes() const noexcept;
   /// The configuration in use.
@@ -58,6 +60,12 @@ class CachingAllocator final : public Allocator {
   Device& device() const noexcept;
   /// Changes the allowed fraction of device memory (as `set_per_process_memory_fraction`).
   void set_memory_fraction(double fraction);
+
+  /// Starts recording every allocator event (up to `max_entries`, oldest dropped first), or
+  /// stops recording; starting again begins a new history.
+  void record_history(bool enabled, std::size_t max_entries = 1000000);
+  /// The recorded events, oldest first (empty when recording was never started).
+  std::vector<HistoryEntry> history() const;
 
   /// Walks every segment, block, index and counter and verifies every invariant; throws
   /// `InvariantViolation` describing the first one broken. Takes every lock.

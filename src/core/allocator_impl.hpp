@@ -23,6 +23,7 @@
 
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
+#include "history_log.hpp"
 #include "pool_stats.hpp"
 #include "size_policy.hpp"
 #include "stream_pool.hpp"
@@ -88,6 +89,8 @@ class CachingAllocator::Impl {
   void check() const;
   std::size_t allocation_size(void* ptr) const;
   void set_memory_fraction(double fraction);
+  void record_history(bool enabled, std::size_t max_entries);
+  std::vector<HistoryEntry> history() const;
 
   std::size_t reserved_bytes() const noexcept { return reserved_.load(std::memory_order_relaxed); }
   std::size_t allocated_bytes() const noexcept;
@@ -95,6 +98,13 @@ class CachingAllocator::Impl {
   Device& device() const noexcept { return device_; }
 
  private:
+  // Appends to the history when it is being recorded (one relaxed load otherwise).
+  void record(HistoryEntry::Action action, std::uintptr_t addr, std::size_t size, Stream stream) {
+    if (detail::HistoryLog* log = history_.load(std::memory_order_relaxed)) {
+      log->add(action, addr, size, stream);
+    }
+  }
+
   detail::StreamPool& pool_for(Stream stream) {
     if (detail::StreamPool* pool = pools_.find(stream)) return *pool;
     return create_pool(stream);
@@ -102,12 +112,13 @@ class CachingAllocator::Impl {
   detail::StreamPool& create_pool(Stream stream);
 
   // Request paths (caching_allocator.cpp).
+  void* allocate_block(std::size_t bytes, Stream stream);
   void* allocate_slow(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
   void* allocate_pass_through(detail::StreamPool& pool, std::size_t size, std::size_t bytes,
                               bool small);
   void deallocate_slow(std::uintptr_t addr, Stream stream);
   void free_block(detail::StreamPool& pool, detail::Block* b, Stream stream);
-  void free_with_uses(detail::StreamPool& pool, detail::Block* b, Stream stream);
+  bool free_with_uses(detail::StreamPool& pool, detail::Block* b, Stream stream);
   [[noreturn]] void throw_invalid_pointer(std::uintptr_t addr, const char* what) const;
   [[noreturn]] void throw_out_of_memory(detail::StreamPool& pool, std::size_t bytes,
                                         std::size_t size, std::size_t segment, bool small);
@@ -140,6 +151,8 @@ class CachingAllocator::Impl {
   mutable detail::SharedStats shared_stats_;  // written by publication, also from reads
   std::atomic<detail::SharedStats*> shared_{nullptr};  // set once a second pool exists
   std::atomic<std::size_t> reserved_{0};
+  std::atomic<detail::HistoryLog*> history_{nullptr};  // non-null while recording
+  std::vector<std::unique_ptr<detail::HistoryLog>> history_logs_;  // kept: readers may hold one
   std::size_t device_total_ = 0;
   std::size_t allowed_ = SIZE_MAX;  // reserved-memory limit from fraction and hard limit
 

@@ -100,7 +100,7 @@ StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
     first.stats().mark_published();
     shared_.store(&shared_stats_, std::memory_order_relaxed);
   }
-  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_);
+  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_, history_);
   StreamPool& ref = *pool;
   pools_.add(std::move(pool));
   return ref;
@@ -117,6 +117,13 @@ std::size_t CachingAllocator::Impl::allocated_bytes() const noexcept {
 // --- allocate -------------------------------------------------------------------------------------------
 
 void* CachingAllocator::Impl::allocate(std::size_t bytes, Stream stream) {
+  void* p = allocate_block(bytes, stream);
+  if (p != nullptr) record(HistoryEntry::Action::alloc, reinterpret_cast<std::uintptr_t>(p), bytes,
+                           stream);
+  return p;
+}
+
+CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stream stream) {
   if (bytes == 0) return nullptr;
   if (bytes > detail::kMaxRequest) throw_impossible_size(bytes);
   StreamPool& pool = pool_for(stream);
@@ -183,6 +190,27 @@ void* CachingAllocator::Impl::allocate_pass_through(StreamPool& pool, std::size_
 
 // --- deallocate -----------------------------------------------------------------------------------------
 
+// Pool lock held; `b` extracted from the pointer map. Caches the block at once unless another
+// stream may still use it.
+CISTERN_HOT void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, Stream stream) {
+  if (b->stream_uses.empty() && stream == pool.stream) {
+    if (detail::HistoryLog* log = history_.load(std::memory_order_relaxed)) {
+      log->add(HistoryEntry::Action::free_requested, b->addr, b->requested, stream);
+      log->add(HistoryEntry::Action::free_completed, b->addr, b->requested, stream);
+    }
+    pool.release(b);
+    return;
+  }
+  const std::uintptr_t addr = b->addr;
+  const std::size_t requested = b->requested;
+  if (free_with_uses(pool, b, stream)) {
+    record(HistoryEntry::Action::free_requested, addr, requested, stream);
+  } else {
+    record(HistoryEntry::Action::free_requested, addr, requested, stream);
+    record(HistoryEntry::Action::free_completed, addr, requested, stream);
+  }
+}
+
 void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
@@ -210,6 +238,8 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
       return;
     }
     // Pass-through: the device free synchronises, so no event is needed for other users.
+    record(HistoryEntry::Action::free_requested, addr, b->requested, stream);
+    record(HistoryEntry::Action::free_completed, addr, b->requested, stream);
     pool->release(b);
     if (!release_segment(*pool, b)) {
       throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
@@ -221,21 +251,12 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
   throw_invalid_pointer(addr, "deallocate");
 }
 
-// Pool lock held; `b` extracted from the pointer map. Caches the block at once unless another
-// stream may still use it.
-void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, Stream stream) {
-  if (b->stream_uses.empty() && stream == pool.stream) {
-    pool.release(b);
-    return;
-  }
-  free_with_uses(pool, b, stream);
-}
-
 // Pool lock held; `b` extracted. Records an event on every other stream that used the block (and
 // on the freeing stream if it is not the block's own); the block is cached once they have all
-// completed. If events cannot be recorded, waits for those streams now instead; if even that
-// fails, throws with the block still allocated.
-void CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream stream) {
+// completed, and true is returned. If events cannot be recorded, waits for those streams now
+// instead and caches the block at once (false); if even that fails, throws with the block still
+// allocated.
+bool CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream stream) {
   std::vector<Stream> streams = b->stream_uses;
   if (stream != pool.stream && std::find(streams.begin(), streams.end(), stream) == streams.end()) {
     streams.push_back(stream);
@@ -257,7 +278,7 @@ void CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream s
       }
     }
     pool.release(b);
-    return;
+    return false;
   } catch (...) {  // out of host memory: give the block back to its owner untouched
     for (Event e : recorded) events_.release(e);
     pool.restore(b);
@@ -265,6 +286,7 @@ void CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream s
   }
   pool.end_allocation(b);
   pool.make_pending(b, recorded, streams);
+  return true;
 }
 
 void CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
@@ -290,6 +312,24 @@ std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
     if (const Block* b = pool->find_allocated(addr)) return b->size;
   }
   throw_invalid_pointer(addr, "allocation_size");
+}
+
+// --- history --------------------------------------------------------------------------------------------
+
+void CachingAllocator::Impl::record_history(bool enabled, std::size_t max_entries) {
+  std::lock_guard<std::mutex> global(mutex_);
+  if (!enabled) {
+    history_.store(nullptr);
+    return;
+  }
+  // Logs are kept until the allocator dies: a thread may still be appending to the old one.
+  history_logs_.push_back(std::make_unique<detail::HistoryLog>(max_entries));
+  history_.store(history_logs_.back().get());
+}
+
+std::vector<HistoryEntry> CachingAllocator::Impl::history() const {
+  std::lock_guard<std::mutex> global(mutex_);
+  return history_logs_.empty() ? std::vector<HistoryEntry>{} : history_logs_.back()->entries();
 }
 
 // --- errors ---------------------------------------------------------------------------------------------
@@ -361,6 +401,7 @@ void CachingAllocator::Impl::throw_out_of_memory(StreamPool& pool, std::size_t b
     info.device_total = mem.total;
     info.device_free = mem.free;
   }
+  record(HistoryEntry::Action::oom, info.device_free, size, pool.stream);
   std::string message = fmt::format(
       "cistern: out of memory on device {}. Tried to allocate {} (a request of {} bytes, rounded "
       "to {}). The device has a total capacity of {} of which {} is free.",
@@ -417,5 +458,9 @@ void CachingAllocator::set_memory_fraction(double fraction) {
   impl_->set_memory_fraction(fraction);
 }
 void CachingAllocator::check() const { impl_->check(); }
+void CachingAllocator::record_history(bool enabled, std::size_t max_entries) {
+  impl_->record_history(enabled, max_entries);
+}
+std::vector<HistoryEntry> CachingAllocator::history() const { return impl_->history(); }
 
 }  // namespace cistern

@@ -34,6 +34,8 @@ Block* CachingAllocator::Impl::new_segment(StreamPool& pool, std::size_t size, b
   detail::check_device(device_, status, DeviceOp::allocate);
   ++num_device_alloc_;
   reserved_.fetch_add(size, std::memory_order_relaxed);
+  record(HistoryEntry::Action::segment_alloc, reinterpret_cast<std::uintptr_t>(ptr), size,
+         pool.stream);
   return pool.add_new_segment(reinterpret_cast<std::uintptr_t>(ptr), size, !small);
 }
 
@@ -49,6 +51,7 @@ bool CachingAllocator::Impl::release_segment(StreamPool& pool, Block* b) {
   }
   ++num_device_free_;
   reserved_.fetch_sub(size, std::memory_order_relaxed);
+  record(HistoryEntry::Action::segment_free, base, size, pool.stream);
   delete pool.remove_whole_segment(b, /*count_as_freed=*/true);
   return true;
 }

@@ -42,10 +42,11 @@ void EventPool::release(Event event) {
 }
 
 StreamPool::StreamPool(Stream s, const SizePolicy& policy, const Config& config,
-                       std::atomic<SharedStats*>& shared)
+                       std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history)
     : stream(s),
       policy_(policy),
       shared_(shared),
+      history_(history),
       park_shift_(static_cast<unsigned>(log2_floor(config.min_block_size))) {
   const std::size_t bins = (config.small_size >> park_shift_) + 1;
   parked_.assign(bins, nullptr);

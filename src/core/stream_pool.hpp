@@ -19,6 +19,7 @@
 
 #include "block.hpp"
 #include "block_index.hpp"
+#include "history_log.hpp"
 #include "cistern/types.hpp"
 #include "pool_stats.hpp"
 #include "ptr_map.hpp"
@@ -96,7 +97,7 @@ struct PendingQueue {
 class StreamPool {
  public:
   StreamPool(Stream stream, const SizePolicy& policy, const Config& config,
-             std::atomic<SharedStats*>& shared);
+             std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history);
   ~StreamPool();
 
   /// At most this many blocks of one size are parked; more are coalesced at once.
@@ -166,7 +167,10 @@ class StreamPool {
 
   /// Caches a pending block whose events have all completed: parks a small block, or coalesces
   /// it with its free neighbours and indexes it.
-  void retire_pending(Block* b) noexcept {
+  void retire_pending(Block* b) {
+    if (HistoryLog* log = history_.load(std::memory_order_relaxed)) {
+      log->add(HistoryEntry::Action::free_completed, b->addr, b->requested, stream);
+    }
     const bool small = !b->segment->large;
     stats_.end_pending(small, static_cast<std::int64_t>(b->size),
                        static_cast<std::int64_t>(b->requested));
@@ -307,6 +311,7 @@ class StreamPool {
 
   const SizePolicy& policy_;
   std::atomic<SharedStats*>& shared_;
+  std::atomic<HistoryLog*>& history_;
   BlockIndex indexes_[2];  // small, large
   Block* whole_[2] = {nullptr, nullptr};
   PtrMap allocated_;

@@ -1,0 +1,38 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The allocator's event history: what it did, in order, as PyTorch's memory history records
+// it (`torch.cuda.memory._record_memory_history`). Off by default; when on, every operation
+// appends one entry (under a lock of its own: recording is for debugging and traces, not for
+// the fast path). The native trace writer and the PyTorch-format snapshot writer read it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cistern/types.hpp"
+
+namespace cistern {
+
+/// One recorded allocator event.
+struct HistoryEntry {
+  /// PyTorch's action names.
+  enum class Action : std::uint8_t {
+    alloc,           ///< a block handed out; size = the caller's size
+    free_requested,  ///< the caller freed it; size = the caller's size
+    free_completed,  ///< the block became reusable (after other streams' events)
+    segment_alloc,   ///< a segment obtained from the device; size = segment size
+    segment_free,    ///< a segment returned to the device
+    oom,             ///< an allocation failed; size = the rounded request, addr = device free bytes
+  };
+  Action action = Action::alloc;
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;
+  Stream stream;
+  std::uint64_t time_us = 0;   ///< microseconds since the Unix epoch (as PyTorch's time_us)
+  std::uint64_t sequence = 0;  ///< position in the history (gap-free while nothing is dropped)
+};
+
+/// PyTorch's name of an action ("alloc", "free_requested", ...).
+const char* to_string(HistoryEntry::Action action) noexcept;
+
+}  // namespace cistern

@@ -1,0 +1,147 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The replay engine: runs a trace against an allocator policy on a simulated device and
+// measures what DESIGN.md defines (peak_live, peak_reserved, overhead, min_capacity, ooms,
+// device calls, host time per operation, simulated device time).
+//
+//   trace::Trace t = trace::read_trace("memory.pickle.gz", {});
+//   replay::Policy p = replay::Policy::parse("cistern:max_split_size_mb=256");
+//   replay::Result r = replay::run(t, p, {});            // one replay
+//   r.min_capacity = replay::min_capacity(t, p, {});      // bisection to 2 MiB
+//
+// Program calls the trace records (synchronisations, PyTorch's empty_cache() bursts) are
+// replayed for every policy. Blocks live before the window are allocated first, in address
+// order, on an empty device (`Start::cold`), or - for policies that support it and PyTorch
+// snapshots - placed in the recorded cache at their recorded addresses (`Start::warm`).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cistern/allocator.hpp"
+#include "cistern/config.hpp"
+#include "cistern/sim_device.hpp"
+#include "trace/trace.hpp"
+
+namespace cistern::replay {
+
+/// How a replay begins (see the file comment).
+enum class Start { cold, warm };
+const char* to_string(Start start) noexcept;
+
+/// An allocator policy by name: "cistern", "torch", "nocache", optionally with options written
+/// after a colon as `name:key=value,key=value` (keys and values as in CISTERN_ALLOC_CONF).
+struct Policy {
+  std::string name;     ///< "cistern", "torch" or "nocache"
+  Config config;        ///< options applied on top of the policy's defaults
+  std::string label;    ///< as written, e.g. "cistern:max_split_size_mb=256"
+
+  /// Parses one policy; throws InvalidArgument naming the text on an unknown name or option.
+  static Policy parse(const std::string& text);
+  /// Parses a comma-separated list: "cistern,torch,nocache". A token that is an option
+  /// (`key=value`) rather than a policy name continues the previous policy's options, so
+  /// "cistern:max_split_size_mb=256,roundup_power2_divisions=4,torch" is two policies.
+  static std::vector<Policy> parse_list(const std::string& text);
+  /// The allocator this policy names, over `device` (a SimDevice, or an adaptor over one).
+  std::unique_ptr<Allocator> make(Device& device) const;
+  /// Whether the policy can start warm (implements replay::WarmStart).
+  bool supports_warm_start() const;
+};
+
+/// The cost of device calls on the simulated device, for the "simulated device time" figure.
+/// Documented in docs/cost-model.md with the measurements it is based on.
+struct CostModel {
+  double alloc_ns = 0;           ///< cudaMalloc fixed cost
+  double alloc_ns_per_mib = 0;   ///< cudaMalloc cost per MiB
+  double free_ns = 0;            ///< cudaFree fixed cost (it also synchronises the device)
+  double free_ns_per_mib = 0;
+  double map_ns = 0;             ///< cuMemCreate + cuMemMap + cuMemSetAccess per granule
+  double unmap_ns = 0;           ///< cuMemUnmap + cuMemRelease per granule
+  double event_ns = 0;           ///< record / query / wait
+  /// The default, from published and measured figures.
+  static CostModel defaults();
+};
+
+/// What a replay measures and how.
+struct Options {
+  std::size_t capacity = 80 * GiB;  ///< simulated device capacity
+  Start start = Start::cold;
+  bool check_invariants = false;    ///< call the allocator's check() (cistern) after every event
+  std::size_t timeline_points = 0;  ///< >0: sample live and reserved bytes at about this many points
+  bool segment_map_at_peak = false; ///< snapshot the allocator at its peak reserved
+  CostModel costs = CostModel::defaults();
+};
+
+/// One point of a memory timeline.
+struct TimelinePoint {
+  std::size_t event = 0;       ///< index of the event after which it was taken
+  std::int64_t time = 0;       ///< the event's recorded time
+  std::uint64_t live = 0;      ///< live requested bytes
+  std::uint64_t reserved = 0;  ///< the allocator's reserved bytes
+};
+
+/// The measurements of one replay (a row of `cistern replay --json`).
+struct Result {
+  std::string trace;                        ///< source path
+  int device = 0;
+  std::string policy;                       ///< label ("recorded" for PyTorch's own figures)
+  std::string start = "cold";
+  std::optional<std::uint64_t> capacity;    ///< null for "recorded"
+  std::uint64_t peak_live = 0;
+  std::optional<std::uint64_t> peak_reserved;
+  std::optional<double> overhead;           ///< peak_reserved / peak_live - 1
+  std::optional<std::uint64_t> min_capacity;
+  std::uint64_t events = 0;
+  std::uint64_t ooms = 0;
+  std::uint64_t device_allocs = 0;
+  std::uint64_t device_frees = 0;
+  std::uint64_t device_maps = 0;
+  std::uint64_t device_unmaps = 0;
+  std::optional<double> ns_per_op;          ///< allocator host time per alloc/free
+  std::optional<double> device_ms;          ///< simulated device time of device calls (cost model)
+  std::vector<TimelinePoint> timeline;      ///< when Options::timeline_points > 0
+  std::optional<Snapshot> segment_map;      ///< at peak reserved, when asked
+  std::string error;                        ///< why the replay could not run (empty if it did)
+  std::string note;                         ///< a caveat about a figure (empty if none), e.g. a
+                                            ///< capacity probe that contradicted monotonicity
+};
+
+/// Replays `trace` with `policy`. Out-of-memory is counted, not thrown.
+Result run(const trace::Trace& trace, const Policy& policy, const Options& options);
+
+/// The outcome of a capacity search.
+struct CapacitySearch {
+  std::uint64_t capacity = 0;  ///< the smallest capacity found to run with no out-of-memory
+  std::size_t probes = 0;      ///< replays made (the unlimited run included)
+  std::string note;            ///< non-empty if a probe contradicted monotonicity (see below)
+};
+
+/// The smallest capacity, to 2 MiB, at which the trace runs with no out-of-memory (bisection;
+/// assumes that more capacity never causes an OOM, and says so in `note` if a probe contradicts
+/// it). `options.capacity`, timeline and segment map are ignored. Throws `cistern::Error` if the
+/// trace cannot be replayed or runs out of memory even on an unlimited device.
+CapacitySearch search_min_capacity(const trace::Trace& trace, const Policy& policy,
+                                   const Options& options);
+/// `search_min_capacity(trace, policy, options).capacity`.
+std::uint64_t min_capacity(const trace::Trace& trace, const Policy& policy, const Options& options);
+
+/// PyTorch's own figures for a snapshot (policy "recorded", start "warm": its run began from its
+/// real cache), if the trace has them: peak_reserved from `trace.recorded`, device calls counted
+/// from its segment events and costed with `options.costs`, a timeline when asked. Capacity,
+/// min_capacity and ns_per_op stay null.
+std::optional<Result> recorded(const trace::Trace& trace, const Options& options = {});
+
+/// Runs every (trace, policy) pair, in parallel on up to `threads` threads (0: hardware
+/// concurrency). `progress(done, total)` is called after each job, from the calling thread's
+/// perspective serialised.
+std::vector<Result> run_all(const std::vector<const trace::Trace*>& traces,
+                            const std::vector<Policy>& policies, const Options& options,
+                            bool with_min_capacity, unsigned threads,
+                            const std::function<void(std::size_t, std::size_t)>& progress = {});
+
+}  // namespace cistern::replay
