@@ -83,9 +83,13 @@ TEST(BlockIndex, BestFitMatchesAnOrderedSetOnRandomOperations) {
             << "seed " << seed << " step " << step << " size " << want;
       }
       ASSERT_EQ(index.count(), oracle.size());
-      if (step % 997 == 0) ASSERT_EQ(index.check(), nullptr);
+      if (step % 997 == 0) {
+        ASSERT_EQ(index.check(), nullptr);
+      }
     }
-    for (Block* b : in_index) ASSERT_TRUE(index.contains(b));
+    for (Block* b : in_index) {
+      ASSERT_TRUE(index.contains(b));
+    }
     ASSERT_EQ(index.check(), nullptr);
   }
 }

@@ -249,8 +249,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FaultCase{DeviceOp::synchronize_event, Status::device_error},
                       FaultCase{DeviceOp::stream_wait_event, Status::device_error},
                       FaultCase{DeviceOp::memory_info, Status::device_error}),
-    [](const ::testing::TestParamInfo<FaultCase>& info) {
-      return std::string(to_string(info.param.op)) + "_" + to_string(info.param.status);
+    [](const ::testing::TestParamInfo<FaultCase>& param_info) {
+      return std::string(to_string(param_info.param.op)) + "_" + to_string(param_info.param.status);
     });
 
 }  // namespace
