@@ -58,7 +58,8 @@ namespace {
 /// allocator, and a barrier.
 struct Run {
   explicit Run(int threads)
-      : streams(make_streams(device, threads)), allocator(device, Config::from_env()),
+      : streams(make_streams(device, threads)),
+        allocator(device, Config::from_env()),
         barrier(threads) {}
 
   static std::vector<Stream> make_streams(SimDevice& device, int threads) {
@@ -204,8 +205,9 @@ SlowPaths counted_pairs(Heap heap, const Workload& workload, std::uint64_t pairs
 /// The counting mode; returns the exit status.
 int count_pairs(const CountRequest& request) {
   if (!CISTERN_BENCH_HAVE_CALLGRIND) {
-    std::fprintf(stderr, "bench_hot_path: built without <valgrind/callgrind.h> (Debian: valgrind); "
-                         "the counting mode would count the whole process\n");
+    std::fprintf(stderr,
+                 "bench_hot_path: built without <valgrind/callgrind.h> (Debian: valgrind); "
+                 "the counting mode would count the whole process\n");
     return 2;
   }
   if (const std::string why = unavailable_reason(request.workload, request.kind); !why.empty()) {
@@ -228,11 +230,12 @@ int count_pairs(const CountRequest& request) {
       slow = counted_pairs(GlibcHeap(), w, request.pairs, allocator);
       break;
   }
-  std::printf("{\"allocator\": \"%s\", \"workload\": \"%s\", \"pairs\": %llu, "
-              "\"device_allocs\": %lld, \"takeovers\": %lld}\n",
-              to_string(request.kind), request.workload.c_str(),
-              static_cast<unsigned long long>(request.pairs),
-              static_cast<long long>(slow.device_allocs), static_cast<long long>(slow.takeovers));
+  std::printf(
+      "{\"allocator\": \"%s\", \"workload\": \"%s\", \"pairs\": %llu, "
+      "\"device_allocs\": %lld, \"takeovers\": %lld}\n",
+      to_string(request.kind), request.workload.c_str(),
+      static_cast<unsigned long long>(request.pairs), static_cast<long long>(slow.device_allocs),
+      static_cast<long long>(slow.takeovers));
   return 0;
 }
 
@@ -298,9 +301,10 @@ int smoke_check() {
   const SlowPaths slow =
       counted_pairs(CisternHeap(allocator, device.create_stream()), w, w.sizes.size(), allocator);
   if (!slow.any()) return 0;
-  std::fprintf(stderr, "bench_hot_path: after the warm-up, a pass over mix_small made %lld device "
-                       "allocations and %lld segment takeovers: the warm-up no longer reaches the "
-                       "cache-hit steady state\n",
+  std::fprintf(stderr,
+               "bench_hot_path: after the warm-up, a pass over mix_small made %lld device "
+               "allocations and %lld segment takeovers: the warm-up no longer reaches the "
+               "cache-hit steady state\n",
                static_cast<long long>(slow.device_allocs), static_cast<long long>(slow.takeovers));
   return 1;
 }

@@ -48,9 +48,9 @@ inline constexpr std::size_t kSmallMixLimit = std::size_t{1} << 20;
 /// The fixed-size workloads, in report order.
 inline const std::vector<Workload>& fixed_workloads() {
   static const std::vector<Workload> fixed = {{"512B", {512}, 0},
-                                               {"64KiB", {64 * KiB}, 0},
-                                               {"2MiB", {2 * MiB}, 0},
-                                               {"100MiB", {100 * MiB}, 0}};
+                                              {"64KiB", {64 * KiB}, 0},
+                                              {"2MiB", {2 * MiB}, 0},
+                                              {"100MiB", {100 * MiB}, 0}};
   return fixed;
 }
 

@@ -79,7 +79,8 @@ std::vector<Buffer> read_lifetimes(const std::string& path, std::size_t scale) {
     std::string id, lower, upper, size;
     if (!std::getline(fields, id, ',') || !std::getline(fields, lower, ',') ||
         !std::getline(fields, upper, ',') || !std::getline(fields, size)) {
-      throw std::runtime_error(path + ":" + std::to_string(line_no) + ": expected id,lower,upper,size");
+      throw std::runtime_error(path + ":" + std::to_string(line_no) +
+                               ": expected id,lower,upper,size");
     }
     Buffer b{std::stoll(lower), std::stoll(upper), std::stoull(size) * scale};
     if (b.upper <= b.lower || b.size == 0) {
@@ -133,27 +134,31 @@ int main(int argc, char** argv) try {
       ++ooms;
     }
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   alloc.check();
 
   const cistern::Stats s = alloc.stats();
   const auto peak_reserved = static_cast<std::size_t>(
       s.get(cistern::StatKind::reserved_bytes, cistern::StatPool::all).peak);
-  std::printf("trace              %s (%zu buffers, %zu events)\n", opt.path.c_str(),
-              buffers.size(), events.size());
+  std::printf("trace              %s (%zu buffers, %zu events)\n", opt.path.c_str(), buffers.size(),
+              events.size());
   std::printf("device             %s\n", device.name().c_str());
   std::printf("config             %s\n", opt.config.empty() ? "(defaults)" : opt.config.c_str());
-  std::printf("peak live          %zu bytes (%s)\n", peak_live, cistern::format_bytes(peak_live).c_str());
+  std::printf("peak live          %zu bytes (%s)\n", peak_live,
+              cistern::format_bytes(peak_live).c_str());
   std::printf("peak reserved      %zu bytes (%s)\n", peak_reserved,
               cistern::format_bytes(peak_reserved).c_str());
   if (peak_live > 0) {
-    std::printf("overhead           %.2f%%\n",
-                100.0 * (static_cast<double>(peak_reserved) / static_cast<double>(peak_live) - 1.0));
+    std::printf(
+        "overhead           %.2f%%\n",
+        100.0 * (static_cast<double>(peak_reserved) / static_cast<double>(peak_live) - 1.0));
   }
   std::printf("device allocs      %lld, frees %lld\n", static_cast<long long>(s.num_device_alloc),
               static_cast<long long>(s.num_device_free));
   std::printf("out of memory      %zu\n", ooms);
-  std::printf("allocator time     %.1f ns/op\n", 1e9 * seconds / static_cast<double>(events.size()));
+  std::printf("allocator time     %.1f ns/op\n",
+              1e9 * seconds / static_cast<double>(events.size()));
   return ooms == 0 ? 0 : 3;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "replay_lifetimes: %s\n", e.what());

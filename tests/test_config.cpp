@@ -574,6 +574,8 @@ const char* const kAllKeys[] = {
     "per_process_memory_fraction",
     "memory_limit_mb",
     "cross_stream_reuse",
+    "park_small_blocks",
+    "exact_peaks",
     "pass_through",
     "release_lock_on_cudamalloc",
     "pinned_use_cuda_host_register",
@@ -620,6 +622,8 @@ TEST(ConfigTable, DefaultsAsWritten) {
   EXPECT_EQ(find_info("per_process_memory_fraction")->default_value, "1");
   EXPECT_EQ(find_info("memory_limit_mb")->default_value, "0");
   EXPECT_EQ(find_info("cross_stream_reuse")->default_value, "True");
+  EXPECT_EQ(find_info("park_small_blocks")->default_value, "False");
+  EXPECT_EQ(find_info("exact_peaks")->default_value, "False");
   EXPECT_EQ(find_info("pass_through")->default_value, "False");
   EXPECT_EQ(find_info("backend")->default_value, "native");
 }

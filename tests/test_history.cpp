@@ -58,9 +58,9 @@ TEST_F(HistoryTest, APendingFreeCompletesLater) {
   device->advance(10);
   alloc->deallocate(alloc->allocate(8192, s1), s1);  // processes the event
   const auto h = alloc->history();
-  EXPECT_EQ(actions(h), (std::vector<std::string>{"segment_alloc", "alloc", "free_requested",
-                                                  "free_completed", "alloc", "free_requested",
-                                                  "free_completed"}));
+  EXPECT_EQ(actions(h),
+            (std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed",
+                                      "alloc", "free_requested", "free_completed"}));
   EXPECT_EQ(h[3].addr, addr(a));
   EXPECT_EQ(h[3].stream, s1);
 }

@@ -51,9 +51,9 @@ TEST_F(Oom, TheErrorStatesTheFiguresAndLeavesTheAllocatorUsable) {
     EXPECT_EQ(info.largest_free, 12 * MiB);
     EXPECT_EQ(info.device_total, 40 * MiB);
     EXPECT_EQ(info.device_free, 2 * MiB);
-    for (const char* part : {"Tried to allocate 16.00 MiB", "total capacity of 40.00 MiB",
-                             "2.00 MiB is free", "38.00 MiB reserved", "26.00 MiB is allocated",
-                             "12.00 MiB is cached"}) {
+    for (const char* part :
+         {"Tried to allocate 16.00 MiB", "total capacity of 40.00 MiB", "2.00 MiB is free",
+          "38.00 MiB reserved", "26.00 MiB is allocated", "12.00 MiB is cached"}) {
       EXPECT_NE(msg.find(part), std::string::npos) << part << " missing from: " << msg;
     }
   }
@@ -160,7 +160,7 @@ void exercise(SimDevice& device, CachingAllocator& alloc) {
   }
   device.launch(s2, 100);
   while (!live.empty()) try_free(live.size() - 1);
-  try_alloc(1000, s1);   // event query of the pending free
+  try_alloc(1000, s1);      // event query of the pending free
   try_alloc(24 * MiB, s1);  // take-over from s2
   device.advance(1000);
   try_alloc(38 * MiB, s2);  // needs the full release-and-retry path on a 64 MiB device

@@ -29,6 +29,13 @@ SimDeviceOptions with_capacity(std::size_t capacity) {
   return options;
 }
 
+// Every allocation charged whole granules: the arithmetic of most tests stays simple.
+SimDeviceOptions unpacked(std::size_t capacity) {
+  SimDeviceOptions options = with_capacity(capacity);
+  options.pack_small_allocations = false;
+  return options;
+}
+
 std::uintptr_t address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
 
 void* pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
@@ -114,10 +121,37 @@ TEST(SimDevice, ChargesWholeGranules) {
 }
 
 TEST(SimDevice, HandsOutGranuleAlignedAddressesFromTheBase) {
-  SimDevice device(with_capacity(64 * MiB));
+  SimDevice device(unpacked(64 * MiB));
   EXPECT_EQ(address(allocate(device, 1)), kBase);
   EXPECT_EQ(address(allocate(device, 3 * MiB)), kBase + 2 * MiB);
   EXPECT_EQ(address(allocate(device, 100)), kBase + 6 * MiB);
+}
+
+TEST(SimDevice, PacksSmallAllocationsIntoSharedGranules) {
+  SimDevice device(with_capacity(64 * MiB));
+  void* a = allocate(device, 1);
+  void* b = allocate(device, 513);
+  void* c = allocate(device, 1 * MiB);  // half a granule: still packed
+  EXPECT_EQ(address(a), kBase);
+  EXPECT_EQ(address(b), kBase + 512);
+  EXPECT_EQ(address(c), kBase + 1536);
+  EXPECT_EQ(device.used_bytes(), 2 * MiB) << "the shared granule is charged once";
+  EXPECT_EQ(device.live_segments(), 3u);
+  void* d = allocate(device, 1 * MiB);  // does not fit beside c: a second shared granule
+  EXPECT_EQ(address(d), kBase + 2 * MiB);
+  void* e = allocate(device, 1 * MiB + 1);  // over half a granule: whole granules
+  EXPECT_EQ(address(e), kBase + 4 * MiB);
+  EXPECT_EQ(device.used_bytes(), 6 * MiB);
+
+  ASSERT_EQ(device.deallocate(b), Status::ok);
+  EXPECT_EQ(device.used_bytes(), 6 * MiB) << "the granule stays while a holds it";
+  EXPECT_EQ(address(allocate(device, 512)), kBase + 512) << "the gap b left is reused";
+  EXPECT_EQ(device.deallocate(pointer(kBase + 1024)), Status::invalid_argument)
+      << "inside the shared granule but not the start of an allocation";
+  EXPECT_EQ(device.deallocate(d), Status::ok);
+  EXPECT_EQ(device.used_bytes(), 4 * MiB) << "the second granule left with its last allocation";
+  EXPECT_EQ(device.deallocate(pointer(kBase + 2 * MiB)), Status::invalid_argument)
+      << "a second free of a released shared granule";
 }
 
 TEST(SimDevice, ReusesTheLowestFreeAddressThatFits) {
@@ -401,7 +435,7 @@ TEST(SimDevice, UnknownAndDestroyedEventsAreInvalid) {
 // --- fault injection and counters ----------------------------------------------------------------
 
 TEST(SimDevice, FailNthFailsExactlyThatCallOnce) {
-  SimDevice device(with_capacity(64 * MiB));
+  SimDevice device(unpacked(64 * MiB));
   device.fail_nth(DeviceOp::allocate, 3);
   allocate(device, 1);
   allocate(device, 1);
@@ -675,10 +709,8 @@ TEST(SimDevice, ConcurrentAllocationsNeverCollideAndAllReturn) {
       std::vector<void*> held;
       for (int round = 0; round < kRounds; ++round) {
         void* ptr = nullptr;
-        if (device.allocate(1 + rng() % (6 * MiB), &ptr) != Status::ok)
-          ++failures[t];
-        else
-          held.push_back(ptr);
+        if (device.allocate(1 + rng() % (6 * MiB), &ptr) != Status::ok) ++failures[t];
+        else held.push_back(ptr);
         if (held.size() > 8 || (round % 3 == 0 && !held.empty())) {
           if (device.deallocate(held.front()) != Status::ok) ++failures[t];
           held.erase(held.begin());

@@ -5,10 +5,13 @@
 // Requests are rounded (PyTorch's size policy by default), served from per-stream pools of
 // cached blocks with an exact best fit (smallest block, then lowest address) found through a
 // two-level segregated-fit bitmap index, split when the rest is worth keeping, and coalesced
-// with free neighbours when freed. A miss first tries to take over a whole cached segment from
-// another stream's pool (ordering the stream after that pool's work with an event), then asks
-// the device for a new segment; when the device is full it waits for pending frees, returns the
-// cache to the device, and retries before it reports `OutOfMemory`.
+// with free neighbours when freed; on one stream every placement is PyTorch's. Optionally
+// (`park_small_blocks`), a freed small block (<= 1 MiB) is parked for the next request of exactly
+// its size and coalesced only before the allocator would grow: faster, at some memory cost. A miss
+// first tries to take over a whole cached segment from another stream's pool (ordering the stream
+// after that pool's work with an event), then asks the device for a new segment; when the device is
+// full it waits for pending frees, returns the cache to the device, and retries before it reports
+// `OutOfMemory`.
 //
 // Thread-safety: every method may be called from any thread. Each stream pool has its own lock,
 // so threads working on different streams do not serialise on the cache-hit path; misses, frees

@@ -25,13 +25,17 @@ namespace cistern {
 
 /// Construction options of a `SimDevice`.
 struct SimDeviceOptions {
-  std::size_t capacity = 80 * GiB;        ///< physical memory, bytes
-  std::size_t granularity = 2 * MiB;      ///< allocation granularity, a power of two >= 512
-  int index = 0;                          ///< the device ordinal it reports
+  std::size_t capacity = 80 * GiB;               ///< physical memory, bytes
+  std::size_t granularity = 2 * MiB;             ///< allocation granularity, a power of two >= 512
+  int index = 0;                                 ///< the device ordinal it reports
   std::uintptr_t base_address = 0x7f0000000000;  ///< lowest address handed out (granule aligned)
   std::size_t address_space = std::size_t{1} << 44;  ///< size of the simulated address space
-  bool virtual_memory = true;             ///< whether the VMM operations are supported
-  std::uint64_t seed = 0x5eed;            ///< seed of the fault-injection random generator
+  bool virtual_memory = true;                        ///< whether the VMM operations are supported
+  /// Pack allocations of at most half a granule into shared granules at 512-byte alignment, as
+  /// the CUDA driver does for small cudaMalloc requests (each granule charged once); false:
+  /// every allocation is charged whole granules.
+  bool pack_small_allocations = true;
+  std::uint64_t seed = 0x5eed;  ///< seed of the fault-injection random generator
 };
 
 /// Per-operation call counters.
@@ -120,7 +124,7 @@ class SimDevice final : public Device {
   std::size_t used_bytes() const;
   /// The highest `used_bytes()` seen.
   std::size_t peak_used_bytes() const;
-  /// Live segments from `allocate`/`allocate_at`.
+  /// Live allocations from `allocate`/`allocate_at` (packed small ones included).
   std::size_t live_segments() const;
   /// Live reservations, physical handles and events.
   std::size_t live_reservations() const;

@@ -58,20 +58,21 @@ const char* to_string(StatPool pool) noexcept;
 
 /// All statistics of one allocator (`torch.cuda.memory_stats()` equivalent).
 ///
-/// Current values and running sums are exact. Peaks are exact while the allocator serves one
-/// stream; with several streams each stream's pool publishes its changes to the allocator-wide
-/// figures in batches (so that threads on different streams never write the same memory on the
-/// hot path), and an allocator-wide peak may miss a short-lived maximum by up to 2 MiB of
-/// allocated bytes, or 64 blocks, per stream.
+/// Current values and running sums are always exact. Peaks are exact while the allocator serves
+/// one stream, and with several streams when `exact_peaks` is set. By default, with several
+/// streams, each stream's pool publishes its changes to the allocator-wide figures in batches (so
+/// that threads on different streams do not write the same memory on every operation), and an
+/// allocator-wide peak can then be off by up to the unpublished change of each of the other
+/// streams: 2 MiB of allocated bytes, or 64 blocks, per stream, either way.
 struct Stats {
-  Stat array[kStatKinds][kStatPools];  ///< indexed by StatKind, StatPool
-  Stat oversize_allocations;           ///< allocated blocks >= max_split_size
-  Stat oversize_segments;              ///< segments >= max_split_size
-  std::int64_t num_alloc_retries = 0;     ///< flush-the-cache-and-retry attempts
-  std::int64_t num_ooms = 0;              ///< out-of-memory errors reported
-  std::int64_t num_sync_all_streams = 0;  ///< waits on every outstanding event
-  std::int64_t num_device_alloc = 0;      ///< device allocations (segments and maps)
-  std::int64_t num_device_free = 0;       ///< device frees (segments and unmaps)
+  Stat array[kStatKinds][kStatPools];       ///< indexed by StatKind, StatPool
+  Stat oversize_allocations;                ///< allocated blocks >= max_split_size
+  Stat oversize_segments;                   ///< segments >= max_split_size
+  std::int64_t num_alloc_retries = 0;       ///< flush-the-cache-and-retry attempts
+  std::int64_t num_ooms = 0;                ///< out-of-memory errors reported
+  std::int64_t num_sync_all_streams = 0;    ///< waits on every outstanding event
+  std::int64_t num_device_alloc = 0;        ///< device allocations (segments and maps)
+  std::int64_t num_device_free = 0;         ///< device frees (segments and unmaps)
   std::int64_t num_cross_stream_reuse = 0;  ///< segments taken over from another stream's pool
   std::int64_t max_split_size = -1;         ///< the configured value; -1 when unlimited
 

@@ -148,10 +148,10 @@ class CachingAllocator::Impl {
   detail::EventPool events_;
   mutable std::mutex mutex_;  // the global lock
   PoolTable pools_;
-  mutable detail::SharedStats shared_stats_;  // written by publication, also from reads
+  mutable detail::SharedStats shared_stats_;           // written by publication, also from reads
   std::atomic<detail::SharedStats*> shared_{nullptr};  // set once a second pool exists
   std::atomic<std::size_t> reserved_{0};
-  std::atomic<detail::HistoryLog*> history_{nullptr};  // non-null while recording
+  std::atomic<detail::HistoryLog*> history_{nullptr};              // non-null while recording
   std::vector<std::unique_ptr<detail::HistoryLog>> history_logs_;  // kept: readers may hold one
   std::size_t device_total_ = 0;
   std::size_t allowed_ = SIZE_MAX;  // reserved-memory limit from fraction and hard limit

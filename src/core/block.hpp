@@ -60,7 +60,8 @@ struct Block {
   std::uint32_t pending_events = 0;
   std::uint16_t bin = 0;  // the index bin while free (its size may not change while indexed)
   BlockState state = BlockState::free;
-  bool counted_split = false;  // counted in inactive_split (a free or parked block of a split segment)
+  bool counted_split =
+      false;  // counted in inactive_split (a free or parked block of a split segment)
 
   bool is_free() const noexcept { return state == BlockState::free; }
   bool is_whole_segment() const noexcept { return prev == nullptr && next == nullptr; }

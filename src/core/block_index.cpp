@@ -167,7 +167,8 @@ const char* BlockIndex::check() const noexcept {
       if (bin_of(b->size) != bin || b->bin != bin) problem = "block sits in the wrong bin";
       else if (!b->is_free()) problem = "indexed block is not free";
       else if (previous != nullptr && !key_less(previous, b)) problem = "treap order broken";
-      else if ((b->left && higher_priority(b->left, b)) || (b->right && higher_priority(b->right, b)))
+      else if ((b->left && higher_priority(b->left, b)) ||
+               (b->right && higher_priority(b->right, b)))
         problem = "treap heap order broken";
       previous = b;
     };

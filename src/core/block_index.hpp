@@ -27,15 +27,18 @@ namespace cistern::detail {
 
 class BlockIndex {
  public:
-  static constexpr int kLinearShift = 9;     // exact bins of 512 bytes below kLinearLimit
-  static constexpr int kSubBinBits = 6;      // 64 bins per power of two above it
+  static constexpr int kLinearShift = 9;       // exact bins of 512 bytes below kLinearLimit
+  static constexpr int kSubBinBits = 6;        // 64 bins per power of two above it
   static constexpr int kLinearLimitLog2 = 15;  // 32 KiB
-  static constexpr int kMaxLog2 = 57;        // sizes below 2^57 bytes
+  static constexpr int kMaxLog2 = 57;          // sizes below 2^57 bytes
   static constexpr int kBins =
       (1 << kSubBinBits) + (kMaxLog2 - kLinearLimitLog2) * (1 << kSubBinBits);
   static constexpr int kWords = (kBins + 63) / 64;
 
-  BlockIndex() { roots_.fill(nullptr); bins_used_.fill(0); }
+  BlockIndex() {
+    roots_.fill(nullptr);
+    bins_used_.fill(0);
+  }
 
   /// Adds a free block.
   void insert(Block* block) noexcept;

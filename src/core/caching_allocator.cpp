@@ -71,15 +71,16 @@ CachingAllocator::Impl::~Impl() {
 void CachingAllocator::Impl::update_allowed() {
   allowed_ = SIZE_MAX;
   if (config_.memory_fraction < 1.0 && device_total_ > 0) {
-    allowed_ = static_cast<std::size_t>(static_cast<double>(device_total_) * config_.memory_fraction);
+    allowed_ =
+        static_cast<std::size_t>(static_cast<double>(device_total_) * config_.memory_fraction);
   }
   if (config_.memory_limit > 0) allowed_ = std::min(allowed_, config_.memory_limit);
 }
 
 void CachingAllocator::Impl::set_memory_fraction(double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw InvalidArgument(fmt::format(
-        "cistern: set_memory_fraction({}): the fraction must be in (0, 1]", fraction));
+    throw InvalidArgument(
+        fmt::format("cistern: set_memory_fraction({}): the fraction must be in (0, 1]", fraction));
   }
   std::lock_guard<std::mutex> global(mutex_);
   config_.memory_fraction = fraction;
@@ -118,8 +119,8 @@ std::size_t CachingAllocator::Impl::allocated_bytes() const noexcept {
 
 void* CachingAllocator::Impl::allocate(std::size_t bytes, Stream stream) {
   void* p = allocate_block(bytes, stream);
-  if (p != nullptr) record(HistoryEntry::Action::alloc, reinterpret_cast<std::uintptr_t>(p), bytes,
-                           stream);
+  if (p != nullptr)
+    record(HistoryEntry::Action::alloc, reinterpret_cast<std::uintptr_t>(p), bytes, stream);
   return p;
 }
 
@@ -405,8 +406,8 @@ void CachingAllocator::Impl::throw_out_of_memory(StreamPool& pool, std::size_t b
   std::string message = fmt::format(
       "cistern: out of memory on device {}. Tried to allocate {} (a request of {} bytes, rounded "
       "to {}). The device has a total capacity of {} of which {} is free.",
-      info.device, format_bytes(segment), bytes, format_bytes(size), format_bytes(info.device_total),
-      format_bytes(info.device_free));
+      info.device, format_bytes(segment), bytes, format_bytes(size),
+      format_bytes(info.device_total), format_bytes(info.device_free));
   if (info.limit != 0) {
     message += fmt::format(" cistern may reserve at most {} (memory fraction or limit).",
                            format_bytes(info.limit));
@@ -417,12 +418,14 @@ void CachingAllocator::Impl::throw_out_of_memory(StreamPool& pool, std::size_t b
       format_bytes(info.reserved), format_bytes(info.allocated), format_bytes(info.cached),
       format_bytes(info.largest_free));
   if (info.cached * 4 > info.reserved) {
-    message += " Much reserved memory is unallocated (fragmentation): try "
-               "CISTERN_ALLOC_CONF=max_split_size_mb:<MiB> so that large cached blocks are not cut "
-               "for small requests, or free memory and call empty_cache() between phases.";
+    message +=
+        " Much reserved memory is unallocated (fragmentation): try "
+        "CISTERN_ALLOC_CONF=max_split_size_mb:<MiB> so that large cached blocks are not cut "
+        "for small requests, or free memory and call empty_cache() between phases.";
   } else {
-    message += " Nearly all reserved memory is in use: reduce the working set (for example the "
-               "batch size) or free what is no longer needed.";
+    message +=
+        " Nearly all reserved memory is in use: reduce the working set (for example the "
+        "batch size) or free what is no longer needed.";
   }
   throw OutOfMemory(info, message);
 }

@@ -355,6 +355,19 @@ constexpr Option kOptions[] = {
      "stream's work by an event, before asking the device for more memory.",
      [](Config& c, const std::string& text) { c.cross_stream_reuse = parse_bool(text); },
      [](const Config& c) { return bool_text(c.cross_stream_reuse); }, nullptr},
+    {"park_small_blocks", "bool",
+     "Parks a freed small block for the next request of exactly its size and coalesces it only "
+     "before the allocator would grow: faster on mixed small sizes, but placements drift from "
+     "best fit and the small pool may need a segment more; False: coalesce at once and place "
+     "every block by best fit, as PyTorch does.",
+     [](Config& c, const std::string& text) { c.park_small_blocks = parse_bool(text); },
+     [](const Config& c) { return bool_text(c.park_small_blocks); }, nullptr},
+    {"exact_peaks", "bool",
+     "With several streams, publishes every statistics change at once so that allocator-wide "
+     "peaks are exact; False: in batches, which keeps threads on different streams from writing "
+     "shared memory on every operation (peaks then within 2 MiB or 64 blocks per stream).",
+     [](Config& c, const std::string& text) { c.exact_peaks = parse_bool(text); },
+     [](const Config& c) { return bool_text(c.exact_peaks); }, nullptr},
     {"pass_through", "bool",
      "No caching: one device allocation per request, returned on free, so that tools such as "
      "compute-sanitizer see every allocation (also set by CISTERN_NO_CACHING=1).",

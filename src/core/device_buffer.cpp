@@ -57,9 +57,9 @@ void free_noexcept(Allocator* allocator, void* ptr, Stream stream) noexcept {
 }
 
 void throw_array_too_large(std::size_t count, std::size_t element_size) {
-  throw InvalidArgument(fmt::format(
-      "cistern: make_device_unique: {} elements of {} bytes do not fit in size_t", count,
-      element_size));
+  throw InvalidArgument(
+      fmt::format("cistern: make_device_unique: {} elements of {} bytes do not fit in size_t",
+                  count, element_size));
 }
 
 }  // namespace detail

@@ -9,10 +9,9 @@ namespace cistern::detail {
 
 void throw_device_error(const Device& device, Status status, DeviceOp op) {
   const std::string detail = device.last_error();
-  throw DeviceError(to_string(op),
-                    fmt::format("cistern: device {} failed: {} ({}){}{}", device.name(),
-                                to_string(op), to_string(status), detail.empty() ? "" : ": ",
-                                detail));
+  throw DeviceError(to_string(op), fmt::format("cistern: device {} failed: {} ({}){}{}",
+                                               device.name(), to_string(op), to_string(status),
+                                               detail.empty() ? "" : ": ", detail));
 }
 
 }  // namespace cistern::detail

@@ -156,7 +156,8 @@ void check_segment(const StreamPool& pool, const detail::Segment& s) {
   std::uintptr_t expected_addr = s.base;
   const Block* previous = nullptr;
   for (const Block* b = s.head; b != nullptr; b = b->next) {
-    if (b->segment != &s) violated(pool, fmt::format("block {:#x} points to another segment", b->addr));
+    if (b->segment != &s)
+      violated(pool, fmt::format("block {:#x} points to another segment", b->addr));
     if (b->addr != expected_addr) {
       violated(pool, fmt::format("gap or overlap at {:#x} in segment {:#x}", b->addr, s.base));
     }

@@ -203,9 +203,9 @@ class PoolStats {
   std::int64_t current(StatKind kind, StatPool pool) const noexcept {
     const int d = derived_index(kind);
     const int k = static_cast<int>(d < 0 ? kind : kBaseKinds[d]);
-    const std::int64_t stored =
-        pool == StatPool::all ? all_[k].current
-                              : rows_[k][pool == StatPool::small_pool ? 0 : 1].current;
+    const std::int64_t stored = pool == StatPool::all
+                                    ? all_[k].current
+                                    : rows_[k][pool == StatPool::small_pool ? 0 : 1].current;
     return d < 0 ? stored : stored + pending_amount(d, pool);
   }
   std::int64_t oversize_allocations() const noexcept { return oversize_allocations_.current; }
@@ -296,12 +296,11 @@ class PoolStats {
   static constexpr int kDerived = 3;
   static constexpr StatKind kDerivedKinds[kDerived] = {StatKind::active, StatKind::active_bytes,
                                                        StatKind::requested_bytes};
-  static constexpr StatKind kBaseKinds[kDerived] = {StatKind::allocation,
-                                                    StatKind::allocated_bytes,
+  static constexpr StatKind kBaseKinds[kDerived] = {StatKind::allocation, StatKind::allocated_bytes,
                                                     StatKind::requested_bytes};
   static constexpr int derived_index(StatKind kind) noexcept {
-    return kind == StatKind::active         ? 0
-           : kind == StatKind::active_bytes ? 1
+    return kind == StatKind::active            ? 0
+           : kind == StatKind::active_bytes    ? 1
            : kind == StatKind::requested_bytes ? 2
                                                : -1;
   }

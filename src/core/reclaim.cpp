@@ -167,8 +167,8 @@ void CachingAllocator::Impl::empty_cache() {
 // average age, until back under the threshold.
 void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
   if (allowed_ == SIZE_MAX) return;  // as in PyTorch, only with a fraction or a limit
-  const auto threshold =
-      static_cast<std::size_t>(config_.garbage_collection_threshold * static_cast<double>(allowed_));
+  const auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
+                                                  static_cast<double>(allowed_));
   if (reserved_bytes() <= threshold) return;
   const std::size_t target = reserved_bytes() - threshold;
 
@@ -193,7 +193,8 @@ void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
     const double average = static_cast<double>(total_age) / static_cast<double>(left);
     bool progress = false;
     for (Candidate& c : candidates) {
-      if (c.block == nullptr || static_cast<double>(c.age) < average || reclaimed >= target) continue;
+      if (c.block == nullptr || static_cast<double>(c.age) < average || reclaimed >= target)
+        continue;
       const std::size_t bytes = c.block->size;
       if (release_segment(*c.pool, c.block)) reclaimed += bytes;
       total_age -= c.age;

@@ -47,6 +47,8 @@ StreamPool::StreamPool(Stream s, const SizePolicy& policy, const Config& config,
       policy_(policy),
       shared_(shared),
       history_(history),
+      park_small_blocks_(config.park_small_blocks),
+      exact_peaks_(config.exact_peaks),
       park_shift_(static_cast<unsigned>(log2_floor(config.min_block_size))) {
   const std::size_t bins = (config.small_size >> park_shift_) + 1;
   parked_.assign(bins, nullptr);

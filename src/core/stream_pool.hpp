@@ -19,8 +19,8 @@
 
 #include "block.hpp"
 #include "block_index.hpp"
-#include "history_log.hpp"
 #include "cistern/types.hpp"
+#include "history_log.hpp"
 #include "pool_stats.hpp"
 #include "ptr_map.hpp"
 #include "size_policy.hpp"
@@ -239,7 +239,7 @@ class StreamPool {
   SharedStats* shared() const noexcept { return shared_.load(std::memory_order_relaxed); }
   CISTERN_HOT void after_hot_operation() noexcept {
     SharedStats* sh = shared();
-    if (sh != nullptr && stats_.due_for_publishing()) stats_.publish(*sh);
+    if (sh != nullptr && (exact_peaks_ || stats_.due_for_publishing())) stats_.publish(*sh);
   }
 
   // Allocation bookkeeping: the pointer map and the statistics of a block handed out.
@@ -267,7 +267,7 @@ class StreamPool {
   CISTERN_HOT void retire(Block* b, bool small) noexcept {
     b->requested = 0;
     if (!b->stream_uses.empty()) b->stream_uses.clear();
-    if (small && !b->is_whole_segment() && park(b)) return;
+    if (small && park_small_blocks_ && !b->is_whole_segment() && park(b)) return;
     b->state = BlockState::free;
     coalesce(b);
   }
@@ -322,6 +322,8 @@ class StreamPool {
   std::uint64_t lookups_[2] = {0, 0};
   PoolStats stats_;
   BlockArena arena_;
+  const bool park_small_blocks_;
+  const bool exact_peaks_;
   // Parking lists, one per exact small size (size >> park_shift_), linked through Block::left.
   unsigned park_shift_;
   std::vector<Block*> parked_;

@@ -14,9 +14,9 @@
 #include <array>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <iterator>
 #include <limits>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -50,11 +50,23 @@ void* pointer_to(std::uintptr_t address) { return reinterpret_cast<void*>(addres
 
 /// A live range of the simulated address space, [start, end), keyed by start in an ordered map.
 struct AddressRange {
-  enum class Kind { segment, reservation };
+  enum class Kind { segment, reservation, page };
   std::uintptr_t end = 0;
   Kind kind = Kind::segment;
-  std::size_t charged = 0;  ///< capacity held: whole granules for a segment, 0 for a reservation
+  std::size_t charged = 0;  ///< capacity held: whole granules for a segment or page, 0 for a
+                            ///< reservation
 };
+
+/// A granule shared by small allocations (SimDeviceOptions::pack_small_allocations), as the
+/// driver packs small cudaMalloc requests: each is 512-byte aligned, the granule is charged once
+/// and returned when its last allocation is freed.
+struct Page {
+  std::map<std::uintptr_t, std::size_t> blocks;  ///< start -> size (512-byte multiples)
+  std::size_t used = 0;
+};
+
+/// Alignment and size unit of packed small allocations.
+constexpr std::size_t kPackUnit = 512;
 
 /// One `map` call: [start, end) of a reservation backed by a physical handle.
 struct Mapping {
@@ -148,6 +160,7 @@ struct SimDevice::State {
   std::size_t used = 0;
   std::size_t peak = 0;
   std::function<std::uintptr_t(std::size_t)> address_plan;  // preferred segment addresses
+  std::map<std::uintptr_t, Page> pages;  // shared granules of packed small allocations
 
   // --- the virtual clock. A stream's `done_at` is when all work submitted to it completes; an
   // event's `ready_at` is when the work it captured completes (0 if never recorded: complete).
@@ -273,6 +286,9 @@ struct SimDevice::State {
   Status allocate(std::size_t bytes, void** ptr) {
     if (ptr == nullptr) return invalid("allocate: the result pointer is null");
     if (bytes == 0) return invalid("allocate(0 bytes): the size must be positive");
+    if (options.pack_small_allocations && bytes <= options.granularity / 2) {
+      return allocate_packed(bytes, ptr);
+    }
     const std::size_t charged = charge_for(bytes);
     if (charged > free_bytes()) {
       return fail(Status::out_of_memory,
@@ -332,8 +348,81 @@ struct SimDevice::State {
     return Status::ok;
   }
 
+  // A small allocation placed in the first page (by address) with a gap for it, or a new page.
+  Status allocate_packed(std::size_t bytes, void** ptr) {
+    const std::size_t size = (bytes + kPackUnit - 1) / kPackUnit * kPackUnit;
+    for (auto& [base, page] : pages) {
+      if (options.granularity - page.used < size) continue;
+      if (const auto at = gap_in_page(base, page, size)) {
+        place_packed(page, *at, size, ptr);
+        return Status::ok;
+      }
+    }
+    if (options.granularity > free_bytes()) {
+      return fail(Status::out_of_memory,
+                  fmt::format("allocate({}): out of memory: {} free of {}", format_bytes(bytes),
+                              format_bytes(free_bytes()), format_bytes(options.capacity)));
+    }
+    const auto address = find_free_address(options.granularity, options.granularity);
+    if (!address) {
+      return fail(Status::out_of_memory,
+                  fmt::format("allocate({}): out of address space", format_bytes(bytes)));
+    }
+    ranges.emplace(*address, AddressRange{*address + options.granularity, AddressRange::Kind::page,
+                                          options.granularity});
+    charge(options.granularity);
+    place_packed(pages[*address], *address, size, ptr);
+    return Status::ok;
+  }
+
+  // The lowest start in `page` with `size` free bytes after it.
+  std::optional<std::uintptr_t> gap_in_page(std::uintptr_t base, const Page& page,
+                                            std::size_t size) const {
+    std::uintptr_t cursor = base;
+    for (const auto& [start, block_size] : page.blocks) {
+      if (start - cursor >= size) return cursor;
+      cursor = start + block_size;
+    }
+    if (base + options.granularity - cursor >= size) return cursor;
+    return std::nullopt;
+  }
+
+  void place_packed(Page& page, std::uintptr_t at, std::size_t size, void** ptr) {
+    page.blocks.emplace(at, size);
+    page.used += size;
+    ++segments;
+    *ptr = pointer_to(at);
+  }
+
+  // Frees a packed allocation; the page goes back to the device with its last allocation.
+  Status deallocate_packed(std::uintptr_t address,
+                           std::map<std::uintptr_t, AddressRange>::iterator holder) {
+    Page& page = pages.at(holder->first);
+    const auto block = page.blocks.find(address);
+    if (block == page.blocks.end()) {
+      return invalid(
+          fmt::format("deallocate({:#x}): not the start of an allocation in the shared "
+                      "page at {:#x}",
+                      address, holder->first));
+    }
+    synchronize_all();  // like cudaFree
+    page.used -= block->second;
+    page.blocks.erase(block);
+    --segments;
+    if (page.blocks.empty()) {
+      used -= holder->second.charged;
+      pages.erase(holder->first);
+      ranges.erase(holder);
+    }
+    return Status::ok;
+  }
+
   Status deallocate(void* ptr) {
     const std::uintptr_t address = address_of(ptr);
+    const auto holder = find_containing(ranges, address);
+    if (holder != ranges.end() && holder->second.kind == AddressRange::Kind::page) {
+      return deallocate_packed(address, holder);
+    }
     const auto found = ranges.find(address);
     if (found == ranges.end() || found->second.kind != AddressRange::Kind::segment) {
       return invalid(fmt::format("deallocate({:#x}): {}", address, describe_bad_segment(address)));
