@@ -3,8 +3,7 @@
 // The safe pickle reader. Most pickles here are assembled opcode by opcode so that each test
 // states exactly what it feeds in; the expected values were checked against Python's own
 // `pickle.loads` when the tests were written. The last tests read the real PyTorch snapshots.
-#include "trace/pickle.hpp"
-
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,11 +17,10 @@
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "cistern/errors.hpp"
 #include "support/trace_sizes.hpp"
 #include "trace/input.hpp"
+#include "trace/pickle.hpp"
 
 namespace {
 
@@ -77,6 +75,7 @@ constexpr unsigned char MARK = 0x28, EMPTY_TUPLE = 0x29, STOP = 0x2e, POP = 0x30
                         FRAME = 0x95, BYTEARRAY8 = 0x96;
 
 const std::vector<unsigned char>& accepted_opcodes() {
+  // clang-format off
   static const std::vector<unsigned char> opcodes = {
       MARK, EMPTY_TUPLE, STOP, POP, POP_MARK, DUP, BINBYTES, SHORT_BINBYTES, FLOAT, BINFLOAT,
       INT, BININT, BININT1, LONG, BININT2, NONE, STRING, BINSTRING, SHORT_BINSTRING, UNICODE,
@@ -84,6 +83,7 @@ const std::vector<unsigned char>& accepted_opcodes() {
       BINPUT, LONG_BINPUT, SETITEM, TUPLE, SETITEMS, EMPTY_DICT, PROTO, TUPLE1, TUPLE2, TUPLE3,
       NEWTRUE, NEWFALSE, LONG1, LONG4, SHORT_BINUNICODE, BINUNICODE8, BINBYTES8, EMPTY_SET,
       ADDITEMS, FROZENSET, MEMOIZE, FRAME, BYTEARRAY8};
+  // clang-format on
   return opcodes;
 }
 
@@ -159,6 +159,9 @@ std::string describe(const std::string& bytes) {
   return document.root().describe(10000);
 }
 
+// The pickles below are written one opcode and its arguments per call, several to a line,
+// as Python's pickletools would print them: the layout is the point, so it is kept by hand.
+// clang-format off
 // ---- every accepted opcode ------------------------------------------------------------------
 
 TEST(PickleScalars, EveryScalarOpcodeBuildsItsValue) {
@@ -923,3 +926,4 @@ TEST(PickleRealSnapshots, ReportsParseThroughput) {
 }
 
 }  // namespace
+// clang-format on

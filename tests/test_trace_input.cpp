@@ -3,8 +3,7 @@
 // Reading trace files: gzip detected by its magic bytes, every kind of damage reported with the
 // file's name, and the trace-size loader that tests and benchmarks use on the real traces.
 // The gzip fixtures were made with Python's gzip.compress(data, mtime=0).
-#include "trace/input.hpp"
-
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,10 +14,9 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "cistern/errors.hpp"
 #include "support/trace_sizes.hpp"
+#include "trace/input.hpp"
 
 namespace {
 
@@ -37,7 +35,8 @@ std::string from_hex(std::string_view hex) {
 }
 
 /// gzip.compress(b'hello gzip\n', mtime=0): 31 bytes.
-const std::string hello_gz = from_hex("1f8b0800000000000203cb48cdc9c95748afca2ce00200397c63560b000000");
+const std::string hello_gz =
+    from_hex("1f8b0800000000000203cb48cdc9c95748afca2ce00200397c63560b000000");
 /// gzip.compress(b'second\n', mtime=0): 27 bytes.
 const std::string second_gz = from_hex("1f8b08000000000002032b4e4dcecf4be102007ec00f0607000000");
 
@@ -78,7 +77,7 @@ TEST_F(TraceInput, PlainFilesAreReadAsTheyAre) {
   EXPECT_EQ(read_file(write("plain.csv", csv)), csv);
   EXPECT_EQ(read_file(write("empty", "")), "");
   EXPECT_EQ(read_file(write("one_byte", "\x1f")), "\x1f");  // too short to be gzip
-  const std::string binary("\x1f\x8a\0\xff", 4);                // almost the magic number
+  const std::string binary("\x1f\x8a\0\xff", 4);            // almost the magic number
   EXPECT_EQ(read_file(write("binary", binary)), binary);
   EXPECT_EQ(read_file(write("named.gz", csv)), csv);  // the name does not matter
 }
@@ -139,25 +138,28 @@ TEST_F(TraceInput, TheDecompressedSizeIsLimited) {
   const std::string path = write("hello.gz", hello_gz);
   EXPECT_EQ(read_file(path, 11), "hello gzip\n");
   EXPECT_EQ(error_of([&] { read_file(path, 10); }),
-            path + ": gzip stream decompresses to more than 10 bytes, the limit that guards "
-                   "against decompression bombs");
+            path +
+                ": gzip stream decompresses to more than 10 bytes, the limit that guards "
+                "against decompression bombs");
   EXPECT_EQ(cistern::trace::default_max_decompressed_bytes, std::uint64_t{8} << 30);
 }
 
 TEST_F(TraceInput, MissingAndUnreadableFiles) {
   const std::string missing = (dir_ / "missing.pickle").string();
-  EXPECT_EQ(error_of([&] { read_file(missing); }), missing + ": cannot open: No such file or directory");
-  EXPECT_EQ(error_of([&] { read_file(dir_.string()); }), dir_.string() + ": cannot read: Is a directory");
+  EXPECT_EQ(error_of([&] { read_file(missing); }),
+            missing + ": cannot open: No such file or directory");
+  EXPECT_EQ(error_of([&] { read_file(dir_.string()); }),
+            dir_.string() + ": cannot read: Is a directory");
 }
 
 // ---- the shared traces ------------------------------------------------------------------------
 
 std::string shared() { return cistern::testing::shared_dir(); }
 
-#define SKIP_WITHOUT_TRACES()                                                            \
-  if (!cistern::testing::traces_available(shared())) {                                   \
-    GTEST_SKIP() << "the shared traces are missing: " << shared() << "/traces"           \
-                 << " (set CISTERN_SHARED_DIR to the folder that holds traces/)";        \
+#define SKIP_WITHOUT_TRACES()                                                     \
+  if (!cistern::testing::traces_available(shared())) {                            \
+    GTEST_SKIP() << "the shared traces are missing: " << shared() << "/traces"    \
+                 << " (set CISTERN_SHARED_DIR to the folder that holds traces/)"; \
   }
 
 TEST(TraceInputShared, TheLargestGzipDecompressesToItsRecordedSize) {
@@ -167,8 +169,9 @@ TEST(TraceInputShared, TheLargestGzipDecompressesToItsRecordedSize) {
   EXPECT_EQ(read_file(path).size(), 53733385u);
   EXPECT_EQ(read_file(path, 53733385).size(), 53733385u);
   EXPECT_EQ(error_of([&] { read_file(path, 53733384); }),
-            path + ": gzip stream decompresses to more than 53733384 bytes, the limit that "
-                   "guards against decompression bombs");
+            path +
+                ": gzip stream decompresses to more than 53733384 bytes, the limit that "
+                "guards against decompression bombs");
 }
 
 struct Expected {
@@ -211,7 +214,8 @@ const Expected expected_sizes[] = {
 
 TEST(TraceSizes, EveryRealTraceYieldsItsAllocations) {
   SKIP_WITHOUT_TRACES();
-  const std::vector<cistern::testing::TraceSizes> traces = cistern::testing::load_all_trace_sizes(shared());
+  const std::vector<cistern::testing::TraceSizes> traces =
+      cistern::testing::load_all_trace_sizes(shared());
   ASSERT_EQ(traces.size(), std::size(expected_sizes));
   std::size_t total = 0;
   for (std::size_t i = 0; i < traces.size(); ++i) {
@@ -256,7 +260,8 @@ TEST(TraceSizes, SharedDirComesFromTheEnvironmentFirst) {
 }
 
 TEST_F(TraceInput, LifetimeListsAreReadInAllocationOrder) {
-  const std::string path = write("t.csv", "id,lower,upper,size\r\na,5,6,10\r\nb,0,1,20\r\nc,5,9,30\r\n\r\n");
+  const std::string path =
+      write("t.csv", "id,lower,upper,size\r\na,5,6,10\r\nb,0,1,20\r\nc,5,9,30\r\n\r\n");
   EXPECT_EQ(cistern::testing::lifetime_csv_sizes(path), (std::vector<std::size_t>{20, 10, 30}));
   const std::string gz = write("t.csv.gz", hello_gz);
   EXPECT_EQ(error_of([&] { cistern::testing::lifetime_csv_sizes(gz); }),
@@ -281,23 +286,29 @@ TEST_F(TraceInput, KinetoKeepsCudaAllocationsInTimeOrder) {
   EXPECT_EQ(cistern::testing::kineto_sizes(path), (std::vector<std::size_t>{50, 100, 300}));
   const std::string broken = write("b.json", R"({"traceEvents": [{"name": "[memory]", "ts": 1}]})");
   EXPECT_EQ(error_of([&] { cistern::testing::kineto_sizes(broken); }),
-            broken + ": a [memory] event lacks args with a numeric Device Type, Bytes and Ev Idx, "
-                     "or a ts");
+            broken +
+                ": a [memory] event lacks args with a numeric Device Type, Bytes and Ev Idx, "
+                "or a ts");
   const std::string not_kineto = write("n.json", "[1, 2]");
   EXPECT_EQ(error_of([&] { cistern::testing::kineto_sizes(not_kineto); }),
-            not_kineto + ": not a Kineto trace with traceEvents: The JSON element does not have "
-                         "the requested type.");
+            not_kineto +
+                ": not a Kineto trace with traceEvents: The JSON element does not have "
+                "the requested type.");
 }
 
 TEST_F(TraceInput, PytorchSnapshotSizesCoverEveryDevice) {
   // {'segments': [], 'device_traces': [[alloc 5, free_requested 5, alloc 3],
   //                                    [segment_alloc 9, alloc 7]]}, pickle protocol 4
-  const std::string path = write("s.pickle", from_hex(
-      "800495b2000000000000007d94288c087365676d656e7473945d948c0d6465766963655f747261636573945d"
-      "94285d94287d94288c06616374696f6e948c05616c6c6f63948c0473697a65944b058c0461646472944b01757d"
-      "942868078c0e667265655f7265717565737465649468094b05680a4b01757d94286807680868094b03680a4b02"
-      "75655d94287d942868078c0d7365676d656e745f616c6c6f639468094b09680a4b03757d9428680768086809"
-      "4b07680a4b04756565752e"));
+  const std::string path = write(
+      "s.pickle",
+      from_hex(
+          "800495b2000000000000007d94288c087365676d656e7473945d948c0d6465766963655f747261636573945d"
+          "94285d94287d94288c06616374696f6e948c05616c6c6f63948c0473697a65944b058c0461646472944b0175"
+          "7d"
+          "942868078c0e667265655f7265717565737465649468094b05680a4b01757d94286807680868094b03680a4b"
+          "02"
+          "75655d94287d942868078c0d7365676d656e745f616c6c6f639468094b09680a4b03757d9428680768086809"
+          "4b07680a4b04756565752e"));
   EXPECT_EQ(cistern::testing::pytorch_snapshot_sizes(path), (std::vector<std::size_t>{5, 3, 7}));
 }
 

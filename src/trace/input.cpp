@@ -1,6 +1,7 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 #include "trace/input.hpp"
 
+#include <fmt/format.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -11,8 +12,6 @@
 #include <filesystem>
 #include <memory>
 #include <new>
-
-#include <fmt/format.h>
 
 #include "cistern/errors.hpp"
 
@@ -128,7 +127,8 @@ void inflate_member(Inflater& inflater, std::string_view compressed, std::size_t
     if (status == Z_STREAM_END) return;
     if (status == Z_MEM_ERROR) throw std::bad_alloc();
     if (status == Z_DATA_ERROR || status == Z_NEED_DICT || status == Z_STREAM_ERROR) {
-      throw InvalidArgument(fmt::format("{}: not a valid gzip stream: {}", name, inflater.message()));
+      throw InvalidArgument(
+          fmt::format("{}: not a valid gzip stream: {}", name, inflater.message()));
     }
     // Z_OK or Z_BUF_ERROR: zlib wants more input or more output space. Output space is
     // provided at the top of the loop; running out of input means the stream was cut short.
@@ -161,8 +161,8 @@ std::string gunzip(std::string_view compressed, const std::string& name, std::ui
     inflate_member(inflater, compressed, &consumed, output, name, max_bytes);
   } while (is_gzip(compressed.substr(consumed)));
   if (!all_zero(compressed.substr(consumed))) {
-    throw InvalidArgument(fmt::format("{}: unexpected data after the gzip stream, at byte {}",
-                                      name, consumed));
+    throw InvalidArgument(
+        fmt::format("{}: unexpected data after the gzip stream, at byte {}", name, consumed));
   }
   return std::move(output).take();
 }

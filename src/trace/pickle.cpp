@@ -4,6 +4,8 @@
 // pass that lays containers out contiguously and checks the shape, and the `Value` accessors.
 #include "trace/pickle.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -11,8 +13,6 @@
 #include <cstring>
 #include <limits>
 #include <unordered_map>
-
-#include <fmt/format.h>
 
 #include "cistern/errors.hpp"
 #include "trace/input.hpp"
@@ -40,6 +40,7 @@ constexpr const char* extension = "it would import a global from the extension r
 constexpr const char* buffer = "it would read an out-of-band buffer";
 
 // Opcode byte values are those of CPython's pickle protocol (Lib/pickletools.py lists them).
+// clang-format off
 enum Op : unsigned char {
   MARK = 0x28, EMPTY_TUPLE = 0x29, STOP = 0x2e, POP = 0x30, POP_MARK = 0x31, DUP = 0x32,
   BINBYTES = 0x42, SHORT_BINBYTES = 0x43, FLOAT = 0x46, BINFLOAT = 0x47, INT = 0x49,
@@ -55,6 +56,7 @@ enum Op : unsigned char {
   NEWOBJ_EX = 0x92, STACK_GLOBAL = 0x93, MEMOIZE = 0x94, FRAME = 0x95, BYTEARRAY8 = 0x96,
   NEXT_BUFFER = 0x97, READONLY_BUFFER = 0x98,
 };
+// clang-format on
 
 struct DataOpcode {
   Op op;
@@ -63,20 +65,58 @@ struct DataOpcode {
 
 /// The opcodes that build plain values: the only ones this reader runs.
 constexpr DataOpcode data_opcodes[] = {
-    {MARK, "MARK"}, {EMPTY_TUPLE, "EMPTY_TUPLE"}, {STOP, "STOP"}, {POP, "POP"},
-    {POP_MARK, "POP_MARK"}, {DUP, "DUP"}, {BINBYTES, "BINBYTES"},
-    {SHORT_BINBYTES, "SHORT_BINBYTES"}, {FLOAT, "FLOAT"}, {BINFLOAT, "BINFLOAT"}, {INT, "INT"},
-    {BININT, "BININT"}, {BININT1, "BININT1"}, {LONG, "LONG"}, {BININT2, "BININT2"},
-    {NONE, "NONE"}, {STRING, "STRING"}, {BINSTRING, "BINSTRING"},
-    {SHORT_BINSTRING, "SHORT_BINSTRING"}, {UNICODE, "UNICODE"}, {BINUNICODE, "BINUNICODE"},
-    {EMPTY_LIST, "EMPTY_LIST"}, {APPEND, "APPEND"}, {DICT, "DICT"}, {APPENDS, "APPENDS"},
-    {GET, "GET"}, {BINGET, "BINGET"}, {LONG_BINGET, "LONG_BINGET"}, {LIST, "LIST"}, {PUT, "PUT"},
-    {BINPUT, "BINPUT"}, {LONG_BINPUT, "LONG_BINPUT"}, {SETITEM, "SETITEM"}, {TUPLE, "TUPLE"},
-    {SETITEMS, "SETITEMS"}, {EMPTY_DICT, "EMPTY_DICT"}, {PROTO, "PROTO"}, {TUPLE1, "TUPLE1"},
-    {TUPLE2, "TUPLE2"}, {TUPLE3, "TUPLE3"}, {NEWTRUE, "NEWTRUE"}, {NEWFALSE, "NEWFALSE"},
-    {LONG1, "LONG1"}, {LONG4, "LONG4"}, {SHORT_BINUNICODE, "SHORT_BINUNICODE"},
-    {BINUNICODE8, "BINUNICODE8"}, {BINBYTES8, "BINBYTES8"}, {EMPTY_SET, "EMPTY_SET"},
-    {ADDITEMS, "ADDITEMS"}, {FROZENSET, "FROZENSET"}, {MEMOIZE, "MEMOIZE"}, {FRAME, "FRAME"},
+    {MARK, "MARK"},
+    {EMPTY_TUPLE, "EMPTY_TUPLE"},
+    {STOP, "STOP"},
+    {POP, "POP"},
+    {POP_MARK, "POP_MARK"},
+    {DUP, "DUP"},
+    {BINBYTES, "BINBYTES"},
+    {SHORT_BINBYTES, "SHORT_BINBYTES"},
+    {FLOAT, "FLOAT"},
+    {BINFLOAT, "BINFLOAT"},
+    {INT, "INT"},
+    {BININT, "BININT"},
+    {BININT1, "BININT1"},
+    {LONG, "LONG"},
+    {BININT2, "BININT2"},
+    {NONE, "NONE"},
+    {STRING, "STRING"},
+    {BINSTRING, "BINSTRING"},
+    {SHORT_BINSTRING, "SHORT_BINSTRING"},
+    {UNICODE, "UNICODE"},
+    {BINUNICODE, "BINUNICODE"},
+    {EMPTY_LIST, "EMPTY_LIST"},
+    {APPEND, "APPEND"},
+    {DICT, "DICT"},
+    {APPENDS, "APPENDS"},
+    {GET, "GET"},
+    {BINGET, "BINGET"},
+    {LONG_BINGET, "LONG_BINGET"},
+    {LIST, "LIST"},
+    {PUT, "PUT"},
+    {BINPUT, "BINPUT"},
+    {LONG_BINPUT, "LONG_BINPUT"},
+    {SETITEM, "SETITEM"},
+    {TUPLE, "TUPLE"},
+    {SETITEMS, "SETITEMS"},
+    {EMPTY_DICT, "EMPTY_DICT"},
+    {PROTO, "PROTO"},
+    {TUPLE1, "TUPLE1"},
+    {TUPLE2, "TUPLE2"},
+    {TUPLE3, "TUPLE3"},
+    {NEWTRUE, "NEWTRUE"},
+    {NEWFALSE, "NEWFALSE"},
+    {LONG1, "LONG1"},
+    {LONG4, "LONG4"},
+    {SHORT_BINUNICODE, "SHORT_BINUNICODE"},
+    {BINUNICODE8, "BINUNICODE8"},
+    {BINBYTES8, "BINBYTES8"},
+    {EMPTY_SET, "EMPTY_SET"},
+    {ADDITEMS, "ADDITEMS"},
+    {FROZENSET, "FROZENSET"},
+    {MEMOIZE, "MEMOIZE"},
+    {FRAME, "FRAME"},
     {BYTEARRAY8, "BYTEARRAY8"},
 };
 
@@ -89,19 +129,27 @@ struct ForbiddenOpcode {
 /// The opcodes that would reach outside plain data. Named in errors so that the user learns
 /// the file holds objects, not that it is corrupt.
 constexpr ForbiddenOpcode forbidden_opcodes[] = {
-    {GLOBAL, "GLOBAL", imports},          {STACK_GLOBAL, "STACK_GLOBAL", imports},
-    {INST, "INST", imports},              {REDUCE, "REDUCE", calls},
-    {BUILD, "BUILD", calls},              {OBJ, "OBJ", calls},
-    {NEWOBJ, "NEWOBJ", calls},            {NEWOBJ_EX, "NEWOBJ_EX", calls},
-    {EXT1, "EXT1", extension},            {EXT2, "EXT2", extension},
-    {EXT4, "EXT4", extension},            {PERSID, "PERSID", persistent},
-    {BINPERSID, "BINPERSID", persistent}, {NEXT_BUFFER, "NEXT_BUFFER", buffer},
+    {GLOBAL, "GLOBAL", imports},
+    {STACK_GLOBAL, "STACK_GLOBAL", imports},
+    {INST, "INST", imports},
+    {REDUCE, "REDUCE", calls},
+    {BUILD, "BUILD", calls},
+    {OBJ, "OBJ", calls},
+    {NEWOBJ, "NEWOBJ", calls},
+    {NEWOBJ_EX, "NEWOBJ_EX", calls},
+    {EXT1, "EXT1", extension},
+    {EXT2, "EXT2", extension},
+    {EXT4, "EXT4", extension},
+    {PERSID, "PERSID", persistent},
+    {BINPERSID, "BINPERSID", persistent},
+    {NEXT_BUFFER, "NEXT_BUFFER", buffer},
     {READONLY_BUFFER, "READONLY_BUFFER", buffer},
 };
 
 constexpr std::array<OpcodeInfo, 256> make_opcode_table() {
   std::array<OpcodeInfo, 256> table{};
-  for (const DataOpcode& entry : data_opcodes) table[entry.op] = {entry.name, OpcodeClass::data, nullptr};
+  for (const DataOpcode& entry : data_opcodes)
+    table[entry.op] = {entry.name, OpcodeClass::data, nullptr};
   for (const ForbiddenOpcode& entry : forbidden_opcodes) {
     table[entry.op] = {entry.name, OpcodeClass::forbidden, entry.why};
   }
@@ -402,10 +450,11 @@ class Machine {
     return stack_.back();
   }
   std::size_t pop_mark();
-  std::uint32_t container_below(std::size_t mark, Kind kind) const;
+  std::uint32_t container_below(std::size_t from, Kind kind) const;
 
   // Building.
-  std::uint32_t add_node(Kind kind, std::uint32_t count, std::uint64_t payload, bool in_arena = false);
+  std::uint32_t add_node(Kind kind, std::uint32_t count, std::uint64_t payload,
+                         bool in_arena = false);
   void push_node(Kind kind, std::uint64_t payload) { stack_.push_back(add_node(kind, 0, payload)); }
   void add_children(std::uint32_t parent, std::size_t from);
   void push_input_text(Kind kind, std::uint64_t length);
@@ -443,7 +492,7 @@ class Machine {
   unsigned char op_ = 0;
   bool stopped_ = false;
   std::vector<std::uint32_t> stack_;
-  std::vector<std::size_t> marks_;  ///< stack depths at each open MARK
+  std::vector<std::size_t> marks_;                             ///< stack depths at each open MARK
   std::vector<std::pair<std::uint32_t, std::uint32_t>> late_;  ///< (container, child)
   Memo memo_;
 };
@@ -550,7 +599,8 @@ void Machine::fail_truncated(std::uint64_t count) const {
 
 std::string_view Machine::read_line() {
   const void* newline = std::memchr(data_ + pos_, '\n', size_ - pos_);
-  if (newline == nullptr) fail(fmt::format("truncated pickle: {} argument has no end of line", op_name()));
+  if (newline == nullptr)
+    fail(fmt::format("truncated pickle: {} argument has no end of line", op_name()));
   const auto* end = static_cast<const unsigned char*>(newline);
   const std::string_view line(reinterpret_cast<const char*>(data_ + pos_),
                               static_cast<std::size_t>(end - (data_ + pos_)));
@@ -591,7 +641,8 @@ std::uint32_t Machine::container_below(std::size_t from, Kind kind) const {
   return container;
 }
 
-std::uint32_t Machine::add_node(Kind kind, std::uint32_t count, std::uint64_t payload, bool in_arena) {
+std::uint32_t Machine::add_node(Kind kind, std::uint32_t count, std::uint64_t payload,
+                                bool in_arena) {
   if (out_.nodes.size() >= max_nodes) fail("too many values: cistern's limit is 4 billion");
   out_.nodes.push_back(Node{kind, in_arena, count, payload});
   return static_cast<std::uint32_t>(out_.nodes.size() - 1);
@@ -608,7 +659,8 @@ void Machine::add_children(std::uint32_t parent, std::size_t from) {
   if (node.count == 0) node.payload = children.size();
   if (node.payload + node.count == children.size()) {
     node.count += static_cast<std::uint32_t>(added);  // still the last range: extend in place
-    children.insert(children.end(), stack_.begin() + static_cast<std::ptrdiff_t>(from), stack_.end());
+    children.insert(children.end(), stack_.begin() + static_cast<std::ptrdiff_t>(from),
+                    stack_.end());
   } else {
     for (std::size_t i = from; i < stack_.size(); ++i) late_.emplace_back(parent, stack_[i]);
   }
@@ -630,7 +682,8 @@ void Machine::finish() {
     std::size_t end = group;
     while (end < late_.size() && late_[end].first == late_[group].first) ++end;
     if (end - group > std::numeric_limits<std::uint32_t>::max() - node.count) {
-      throw InvalidArgument(fmt::format("{}: a container with more than 4 billion elements", out_.name));
+      throw InvalidArgument(
+          fmt::format("{}: a container with more than 4 billion elements", out_.name));
     }
     const std::size_t start = children.size();
     for (std::uint32_t slot = 0; slot < node.count; ++slot) {
@@ -695,8 +748,7 @@ void Machine::push_decimal(std::string_view text, bool allow_bool) {
   if (overflow) {
     if (const auto approximate = parse_double(text)) return push_big_integer(*approximate);
   }
-  fail(fmt::format("{} argument '{}' is not a decimal integer", op_name(),
-                   text.substr(0, 40)));
+  fail(fmt::format("{} argument '{}' is not a decimal integer", op_name(), text.substr(0, 40)));
 }
 
 void Machine::op_mark() {
@@ -801,7 +853,8 @@ void Machine::op_float_text() {
 
 void Machine::op_string_text() {
   const std::string_view text = read_line();
-  if (text.size() < 2 || (text.front() != '\'' && text.front() != '"') || text.back() != text.front()) {
+  if (text.size() < 2 || (text.front() != '\'' && text.front() != '"') ||
+      text.back() != text.front()) {
     fail("STRING argument is not a quoted string literal");
   }
   push_arena_text(Kind::string, text.substr(1, text.size() - 2), false);
@@ -834,9 +887,9 @@ class ShapeCheck {
  private:
   struct Frame {
     std::uint32_t node;
-    std::uint32_t next_slot;   ///< the next child to visit
-    std::uint64_t expanded;    ///< tree size so far, counting the children visited
-    std::uint32_t height;      ///< nesting so far: 1 for a container of scalars
+    std::uint32_t next_slot;  ///< the next child to visit
+    std::uint64_t expanded;   ///< tree size so far, counting the children visited
+    std::uint32_t height;     ///< nesting so far: 1 for a container of scalars
   };
   static constexpr std::uint64_t in_progress = ~std::uint64_t{0};
 
@@ -904,9 +957,10 @@ void ShapeCheck::count_child(Frame& frame, std::uint64_t expanded, std::uint32_t
   frame.expanded += expanded;
   frame.height = std::max(frame.height, height + 1);
   if (frame.expanded > max_expanded_) {
-    fail(fmt::format("shared references expand this value to more than {} values, {} per "
-                     "byte of pickle: refused as a likely memory bomb",
-                     max_expanded_, limits_.max_expansion));
+    fail(
+        fmt::format("shared references expand this value to more than {} values, {} per "
+                    "byte of pickle: refused as a likely memory bomb",
+                    max_expanded_, limits_.max_expansion));
   }
 }
 
@@ -997,7 +1051,8 @@ namespace {
 /// so the recursion is shallow whatever the value.
 class Describer {
  public:
-  Describer(const Storage& storage, std::size_t max_chars) : storage_(storage), max_chars_(max_chars) {}
+  Describer(const Storage& storage, std::size_t max_chars)
+      : storage_(storage), max_chars_(max_chars) {}
 
   std::string run(std::uint32_t node) && {
     write(node, 0);
@@ -1033,13 +1088,21 @@ void Describer::write(std::uint32_t index, int nesting) {
     case Kind::real: return write_real(double_of(node.payload));
     case Kind::string: return write_quoted(text_of(node), false);
     case Kind::bytes: out_ += 'b'; return write_quoted(text_of(node), true);
-    case Kind::list: out_ += '['; write_children(node, nesting); out_ += ']'; return;
+    case Kind::list:
+      out_ += '[';
+      write_children(node, nesting);
+      out_ += ']';
+      return;
     case Kind::tuple:
       out_ += '(';
       write_children(node, nesting);
       out_ += node.count == 1 ? ",)" : ")";
       return;
-    case Kind::dict: out_ += '{'; write_children(node, nesting); out_ += '}'; return;
+    case Kind::dict:
+      out_ += '{';
+      write_children(node, nesting);
+      out_ += '}';
+      return;
     case Kind::set:
     case Kind::frozenset:
       if (node.kind == Kind::frozenset) out_ += "frozenset(";
@@ -1073,7 +1136,8 @@ void Describer::write_real(double value) {
 void Describer::write_quoted(std::string_view text, bool as_bytes) {
   const std::size_t room = max_chars_ > out_.size() ? max_chars_ - out_.size() : 0;
   std::size_t shown = std::min(text.size(), std::max<std::size_t>(room, 8));
-  while (shown > 0 && shown < text.size() && (static_cast<unsigned char>(text[shown]) & 0xc0) == 0x80) {
+  while (shown > 0 && shown < text.size() &&
+         (static_cast<unsigned char>(text[shown]) & 0xc0) == 0x80) {
     --shown;  // do not cut a UTF-8 sequence in two
   }
   out_ += '\'';
@@ -1114,7 +1178,8 @@ std::string Value::where() const {
   const Value parent(storage_, parent_, detail::no_parent, 0);
   if (!parent.is_dict()) return fmt::format(" at index {} of {}", slot_, parent.describe(60));
   if (slot_ % 2 == 0) return fmt::format(" for a key of {}", parent.describe(60));
-  return fmt::format(" for key {} in {}", parent.child(slot_ - 1).describe(40), parent.describe(60));
+  return fmt::format(" for key {} in {}", parent.child(slot_ - 1).describe(40),
+                     parent.describe(60));
 }
 
 void Value::fail_expected(std::string_view expected) const {
@@ -1186,8 +1251,8 @@ std::optional<Value> Value::find(std::string_view wanted) const {
 
 Value Value::at(std::string_view wanted) const {
   if (auto found = find(wanted)) return *found;
-  throw InvalidArgument(fmt::format("{}: missing key '{}' in {}{}", storage_->name, wanted,
-                                    describe(60), where()));
+  throw InvalidArgument(
+      fmt::format("{}: missing key '{}' in {}{}", storage_->name, wanted, describe(60), where()));
 }
 
 Value Value::key(std::size_t index) const {

@@ -137,12 +137,12 @@ class Value {
   std::size_t size() const;
   /// Element `index` of a sequence. Throws if not a sequence or if `index >= size()`.
   Value operator[](std::size_t index) const;
-  /// The value stored under the string key `key` of a dict, or nothing. Linear search, from the
+  /// The value stored under the string key `wanted` of a dict, or nothing. Linear search, from the
   /// last pair back, so that a repeated key yields its last value as in Python. Throws if this
   /// is not a dict.
-  std::optional<Value> find(std::string_view key) const;
+  std::optional<Value> find(std::string_view wanted) const;
   /// Like `find`, but throws naming the key when it is missing.
-  Value at(std::string_view key) const;
+  Value at(std::string_view wanted) const;
   /// Key and value of pair `index` of a dict, in pickled order. Throws if out of range.
   Value key(std::size_t index) const;
   Value value(std::size_t index) const;
@@ -170,7 +170,7 @@ class Value {
 
   const detail::Node& node() const noexcept { return storage_->nodes[node_]; }
   Value child(std::uint32_t slot) const noexcept;
-  void require(Kind kind) const;
+  void require(Kind wanted) const;
   [[noreturn]] void fail_expected(std::string_view expected) const;
   std::string where() const;
 
@@ -199,8 +199,12 @@ class Value::Iterator {
     ++slot_;
     return before;
   }
-  friend bool operator==(const Iterator& a, const Iterator& b) noexcept { return a.slot_ == b.slot_; }
-  friend bool operator!=(const Iterator& a, const Iterator& b) noexcept { return a.slot_ != b.slot_; }
+  friend bool operator==(const Iterator& a, const Iterator& b) noexcept {
+    return a.slot_ == b.slot_;
+  }
+  friend bool operator!=(const Iterator& a, const Iterator& b) noexcept {
+    return a.slot_ != b.slot_;
+  }
 
  private:
   friend class Value;

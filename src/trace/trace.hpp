@@ -19,7 +19,9 @@
 // - a free names an id that is live at that point (in `live_before` or allocated earlier, and not
 //   yet freed), and carries that allocation's requested size and recorded address;
 // - synchronize and empty_cache events have id, size and addr 0;
-// - every stream index is below `streams.size()`; sizes are at most `max_allocation_size`;
+// - every stream index is below `streams.size()`; sizes are at most `max_allocation_size`, and
+//   the live bytes (what `peak_live` adds up) stay below 2^64;
+// - `live_before` is in address order;
 // - positions in `recorded` (`before_event`, sample indices) are in order and inside the events.
 //
 // Readers number ids densely: `live_before` gets 0..L-1 in address order, allocations L, L+1, ...
@@ -88,7 +90,8 @@ struct RecordedSegment {
 struct RecordedSegmentEvent {
   enum class Kind : std::uint8_t { alloc, free, map, unmap };
   Kind kind = Kind::alloc;
-  std::size_t before_event = 0;  ///< happens just before events[before_event] (== size(): at the end)
+  /// Happens just before events[before_event] (== events.size(): after the last event).
+  std::size_t before_event = 0;
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
   std::uint32_t stream = 0;
@@ -100,8 +103,9 @@ struct RecordedSegmentEvent {
 /// `record_stream`). Frees that completed at once (the usual case; every single-stream trace)
 /// are not listed.
 struct RecordedFreeCompletion {
-  std::uint64_t id = 0;          ///< the freed allocation
-  std::size_t before_event = 0;  ///< completes just before events[before_event] (== size(): at the end)
+  std::uint64_t id = 0;  ///< the freed allocation
+  /// Completes just before events[before_event] (== events.size(): after the last event).
+  std::size_t before_event = 0;
   std::int64_t time = 0;
 };
 
@@ -109,9 +113,9 @@ struct RecordedFreeCompletion {
 /// `allocate failure`). The program saw an error there; the trace continues with whatever it did
 /// next, so a replay that serves this request is doing better than the recorded run.
 struct RecordedOom {
-  std::size_t before_event = 0;    ///< happened just before events[before_event]
-  std::uint64_t size = 0;          ///< PyTorch: the rounded request; RMM: the requested bytes
-  std::uint64_t device_free = 0;   ///< what the device reported free (PyTorch; 0: not recorded)
+  std::size_t before_event = 0;   ///< happened just before events[before_event]
+  std::uint64_t size = 0;         ///< PyTorch: the rounded request; RMM: the requested bytes
+  std::uint64_t device_free = 0;  ///< what the device reported free (PyTorch; 0: not recorded)
   std::uint32_t stream = 0;
   std::int64_t time = 0;
 };

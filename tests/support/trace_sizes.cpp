@@ -1,6 +1,9 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 #include "support/trace_sizes.hpp"
 
+#include <fmt/format.h>
+#include <simdjson.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
@@ -9,9 +12,6 @@
 #include <optional>
 #include <string_view>
 #include <tuple>
-
-#include <fmt/format.h>
-#include <simdjson.h>
 
 #include "cistern/errors.hpp"
 #include "trace/input.hpp"
@@ -37,8 +37,9 @@ std::vector<fs::path> trace_files(const std::string& shared, std::string_view fo
   std::vector<fs::path> files;
   for (const auto& entry : fs::recursive_directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
-    const bool wanted = std::any_of(suffixes.begin(), suffixes.end(),
-                                    [&](std::string_view suffix) { return ends_with(name, suffix); });
+    const bool wanted = std::any_of(suffixes.begin(), suffixes.end(), [&](std::string_view suffix) {
+      return ends_with(name, suffix);
+    });
     if (entry.is_regular_file() && wanted) files.push_back(entry.path());
   }
   std::sort(files.begin(), files.end());
@@ -79,8 +80,8 @@ std::uint64_t parse_field(std::string_view text, const std::string& path, std::s
   std::uint64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
-    throw InvalidArgument(fmt::format("{}:{}: '{}' is not a non-negative integer", path,
-                                      line_number, text));
+    throw InvalidArgument(
+        fmt::format("{}:{}: '{}' is not a non-negative integer", path, line_number, text));
   }
   return value;
 }
@@ -105,7 +106,8 @@ std::optional<MemoryEvent> cuda_allocation(simdjson::dom::element event, const s
   if (event["args"].get(args) != simdjson::SUCCESS ||
       args["Device Type"].get(device_type) != simdjson::SUCCESS ||
       args["Bytes"].get(bytes) != simdjson::SUCCESS ||
-      args["Ev Idx"].get(index) != simdjson::SUCCESS || event["ts"].get(time) != simdjson::SUCCESS) {
+      args["Ev Idx"].get(index) != simdjson::SUCCESS ||
+      event["ts"].get(time) != simdjson::SUCCESS) {
     throw InvalidArgument(fmt::format(
         "{}: a [memory] event lacks args with a numeric Device Type, Bytes and Ev Idx, or a ts",
         path));
@@ -166,10 +168,12 @@ std::vector<std::size_t> lifetime_csv_sizes(const std::string& path) {
     }
     std::string_view fields[4];
     if (!split4(line, fields)) {
-      throw InvalidArgument(fmt::format("{}:{}: expected 4 comma-separated fields", path, line_number));
+      throw InvalidArgument(
+          fmt::format("{}:{}: expected 4 comma-separated fields", path, line_number));
     }
-    start_and_size.emplace_back(parse_field(fields[1], path, line_number),
-                                static_cast<std::size_t>(parse_field(fields[3], path, line_number)));
+    start_and_size.emplace_back(
+        parse_field(fields[1], path, line_number),
+        static_cast<std::size_t>(parse_field(fields[3], path, line_number)));
   }
   std::stable_sort(start_and_size.begin(), start_and_size.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -183,7 +187,8 @@ std::vector<std::size_t> kineto_sizes(const std::string& path) {
   const simdjson::padded_string json(trace::read_file(path));
   simdjson::dom::parser parser;
   simdjson::dom::array events;
-  if (const auto error = parser.parse(json)["traceEvents"].get(events); error != simdjson::SUCCESS) {
+  if (const auto error = parser.parse(json)["traceEvents"].get(events);
+      error != simdjson::SUCCESS) {
     throw InvalidArgument(fmt::format("{}: not a Kineto trace with traceEvents: {}", path,
                                       simdjson::error_message(error)));
   }

@@ -1,0 +1,84 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+#include "trace/address_lifetimes.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+namespace cistern::trace::detail {
+
+// Provisional ids: allocation k (in event order) is k; live_before[j] (in discovery order) is
+// j | live_before_flag. Final ids are only known once every live-before block has been found.
+
+std::optional<std::uint64_t> AddressLifetimes::live_at(std::uint64_t addr) const {
+  const auto found = live_.find(addr);
+  if (found == live_.end()) return std::nullopt;
+  return found->second;
+}
+
+void AddressLifetimes::alloc(std::uint64_t addr, std::uint64_t size, std::uint32_t stream,
+                             std::int64_t time) {
+  const std::uint64_t id = allocations_++;
+  live_[addr] = id;
+  freed_.erase(addr);
+  size_[id] = size;
+  trace_.events.push_back(Event{Op::alloc, stream, id, size, addr, time});
+}
+
+AddressLifetimes::Freed AddressLifetimes::free(std::uint64_t addr, std::uint64_t size,
+                                               std::uint32_t stream, std::int64_t time) {
+  Freed freed;
+  freed_.insert(addr);
+  const auto found = live_.find(addr);
+  if (found == live_.end()) {
+    freed.id = trace_.live_before.size() | live_before_flag;
+    freed.size = size;
+    freed.before = true;
+    trace_.live_before.push_back(LiveBlock{freed.id, size, addr, stream});
+  } else {
+    freed.id = found->second;
+    const auto sized = size_.find(freed.id);
+    freed.size = sized->second;
+    size_.erase(sized);
+    live_.erase(found);
+  }
+  trace_.events.push_back(Event{Op::free, stream, freed.id, freed.size, addr, time});
+  return freed;
+}
+
+void AddressLifetimes::live_throughout(std::uint64_t addr, std::uint64_t size,
+                                       std::uint32_t stream) {
+  trace_.live_before.push_back(
+      LiveBlock{trace_.live_before.size() | live_before_flag, size, addr, stream});
+}
+
+void AddressLifetimes::finish() {
+  std::vector<LiveBlock>& blocks = trace_.live_before;
+  std::vector<std::uint64_t> order(blocks.size());
+  std::iota(order.begin(), order.end(), std::uint64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
+    return blocks[a].addr < blocks[b].addr;
+  });
+  std::vector<std::uint64_t> rank(blocks.size());
+  for (std::size_t r = 0; r < order.size(); ++r) rank[order[r]] = r;
+
+  const std::uint64_t count = blocks.size();
+  const auto final_id = [&](std::uint64_t id) {
+    return (id & live_before_flag) != 0 ? rank[id & ~live_before_flag] : count + id;
+  };
+  std::vector<LiveBlock> sorted;
+  sorted.reserve(blocks.size());
+  for (const std::uint64_t j : order) {
+    sorted.push_back(blocks[j]);
+    sorted.back().id = final_id(blocks[j].id);
+  }
+  blocks = std::move(sorted);
+  for (Event& event : trace_.events) {
+    if (event.op == Op::alloc || event.op == Op::free) event.id = final_id(event.id);
+  }
+  for (RecordedFreeCompletion& completion : trace_.recorded.deferred_frees) {
+    completion.id = final_id(completion.id);
+  }
+}
+
+}  // namespace cistern::trace::detail

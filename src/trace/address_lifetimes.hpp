@@ -1,0 +1,63 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// Builds a trace's alloc and free events from a recording that names allocations only by
+// address (PyTorch snapshots, Kineto traces, RMM logs): one id per address lifetime, from its
+// allocation to its free. A free of an address that is not live is a block allocated before the
+// recording began; it joins `live_before`. `finish` then numbers ids as every reader does:
+// `live_before` 0..L-1 in address order, allocations L, L+1, ... in event order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "trace/trace.hpp"
+
+namespace cistern::trace::detail {
+
+/// Appends alloc and free events to a trace, tracking which addresses are live.
+class AddressLifetimes {
+ public:
+  /// Fills `trace.events` and `trace.live_before`, which must be empty, until `finish`.
+  explicit AddressLifetimes(Trace& trace) : trace_(trace) {}
+
+  /// The provisional id of the allocation live at `addr`, if any.
+  std::optional<std::uint64_t> live_at(std::uint64_t addr) const;
+  /// True if the last event at `addr` was a free: another free there would be a double free,
+  /// not a block from before the recording.
+  bool freed_at(std::uint64_t addr) const { return freed_.count(addr) != 0; }
+
+  /// Appends an alloc of `size` bytes at `addr`. The caller has checked that `addr` is not live.
+  void alloc(std::uint64_t addr, std::uint64_t size, std::uint32_t stream, std::int64_t time);
+
+  /// What a free found.
+  struct Freed {
+    std::uint64_t id = 0;    ///< provisional: `finish` renumbers it wherever the trace holds it
+    std::uint64_t size = 0;  ///< the allocation's size
+    bool before = false;     ///< the address was not live: a block live before the recording
+  };
+  /// Appends a free of the allocation at `addr`. If none is live there, a `live_before` block of
+  /// `size` bytes is created first. The event carries the allocation's own size. The caller has
+  /// checked `freed_at(addr)`.
+  Freed free(std::uint64_t addr, std::uint64_t size, std::uint32_t stream, std::int64_t time);
+
+  /// Adds a block live from before the recording to its end (never freed in it).
+  void live_throughout(std::uint64_t addr, std::uint64_t size, std::uint32_t stream);
+
+  /// Sorts `live_before` by address and renumbers every id in the trace, including
+  /// `recorded.deferred_frees`. Call once, last.
+  void finish();
+
+ private:
+  static constexpr std::uint64_t live_before_flag = std::uint64_t{1} << 63;
+
+  Trace& trace_;
+  std::unordered_map<std::uint64_t, std::uint64_t> live_;  ///< address -> provisional id
+  std::unordered_map<std::uint64_t, std::uint64_t> size_;  ///< provisional id -> size, while live
+  std::unordered_set<std::uint64_t> freed_;  ///< addresses whose last event was a free
+  std::uint64_t allocations_ = 0;
+};
+
+}  // namespace cistern::trace::detail

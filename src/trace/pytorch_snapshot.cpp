@@ -1,0 +1,389 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`): what the window's events give
+// (readers.hpp says how each action maps) and the state before the window, rebuilt from the
+// final `segments`. The pickle is parsed by our data-only reader; everything read from it is
+// checked here for kind and range, with the place named in messages.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <unordered_map>
+
+#include "cistern/errors.hpp"
+#include "trace/address_lifetimes.hpp"
+#include "trace/pickle.hpp"
+#include "trace/pytorch_segments.hpp"
+#include "trace/reader_support.hpp"
+
+namespace cistern::trace::detail {
+namespace {
+
+using pickle::Value;
+
+/// The two parts of a snapshot the reader needs.
+struct Snapshot {
+  Value segments;
+  Value device_traces;
+  std::optional<Value> settings;
+};
+
+Snapshot open_snapshot(const pickle::Document& document) {
+  const Value root = document.root();
+  const auto fail = [&](std::string_view problem) {
+    throw InvalidArgument(
+        fmt::format("{}: not a PyTorch memory snapshot: {}", document.name(), problem));
+  };
+  if (!root.is_dict()) fail(fmt::format("the pickle holds a {}, not a dict", root.type_name()));
+  const std::optional<Value> segments = root.find("segments");
+  const std::optional<Value> traces = root.find("device_traces");
+  if (!segments || !segments->is_list()) fail("no list under the key 'segments'");
+  if (!traces || !traces->is_list()) {
+    fail(
+        "no list under the key 'device_traces' (record with "
+        "torch.cuda.memory._record_memory_history before dumping)");
+  }
+  return Snapshot{*segments, *traces, root.find("allocator_settings")};
+}
+
+/// A place in the snapshot for messages: "device_traces[0][17]". The text is formatted only
+/// when a message needs it: there is one place per event.
+struct Place {
+  const std::string& name;
+  const char* pattern;  ///< fmt pattern taking `first` and `second`, e.g. "segments[{}]"
+  std::size_t first = 0;
+  std::size_t second = 0;
+
+  std::string what() const { return fmt::format(fmt::runtime(pattern), first, second); }
+  [[noreturn]] void fail(std::string_view problem) const {
+    throw InvalidArgument(fmt::format("{}: {}: {}", name, what(), problem));
+  }
+  Value field(Value dict, std::string_view key) const {
+    if (!dict.is_dict()) fail(fmt::format("expected a dict, got {}", dict.describe(40)));
+    const std::optional<Value> value = dict.find(key);
+    if (!value) fail(fmt::format("missing key '{}' in {}", key, dict.describe(60)));
+    return *value;
+  }
+  std::int64_t integer(Value dict, std::string_view key) const {
+    const Value value = field(dict, key);
+    if (!value.is_int()) {
+      fail(fmt::format("'{}' is {} {}, expected an int", key, value.type_name(),
+                       value.describe(40)));
+    }
+    return value.as_int();
+  }
+  std::uint64_t address(Value dict, std::string_view key) const {
+    const std::int64_t value = integer(dict, key);
+    if (value < 0) fail(fmt::format("'{}' is negative: {}", key, value));
+    return static_cast<std::uint64_t>(value);
+  }
+  std::uint64_t size(Value dict, std::string_view key) const {
+    const std::uint64_t value = address(dict, key);
+    if (value > max_allocation_size) {
+      fail(fmt::format("'{}' is {} bytes, over the limit of {} (corrupt?)", key, value,
+                       max_allocation_size));
+    }
+    return value;
+  }
+  /// The optional 'stream' as a handle (a cudaStream_t's bits); 0 when absent.
+  std::uint64_t stream(Value dict) const {
+    return dict.find("stream") ? static_cast<std::uint64_t>(integer(dict, "stream")) : 0;
+  }
+};
+
+/// Device of a final segment: its 'device' key (0 in snapshots too old to have one).
+int segment_device(Value segment, const Place& place) {
+  if (!segment.find("device")) return 0;
+  const std::int64_t device = place.integer(segment, "device");
+  if (device < 0 || device > std::numeric_limits<int>::max()) {
+    place.fail(fmt::format("device {} out of range", device));
+  }
+  return static_cast<int>(device);
+}
+
+std::set<int> devices_with_events(const Snapshot& snapshot) {
+  std::set<int> devices;
+  int device = 0;
+  for (const Value events : snapshot.device_traces) {
+    if (events.is_sequence() && events.size() > 0) devices.insert(device);
+    ++device;
+  }
+  return devices;
+}
+
+std::set<int> devices_with_segments(const Snapshot& snapshot, const std::string& name) {
+  std::set<int> devices;
+  std::size_t index = 0;
+  for (const Value segment : snapshot.segments) {
+    devices.insert(segment_device(segment, Place{name, "segments[{}]", index++}));
+  }
+  return devices;
+}
+
+int choose_device(const Snapshot& snapshot, const std::string& name, const ReadOptions& options) {
+  const std::set<int> with_events = devices_with_events(snapshot);
+  const std::set<int> with_segments = devices_with_segments(snapshot, name);
+  if (options.device) {
+    const int wanted = *options.device;
+    if (with_events.count(wanted) == 0 && with_segments.count(wanted) == 0) {
+      throw InvalidArgument(fmt::format("{}: no device {} in this snapshot; it holds devices [{}]",
+                                        name, wanted, fmt::join(with_events, ", ")));
+    }
+    return wanted;
+  }
+  const std::set<int>& candidates = with_events.empty() ? with_segments : with_events;
+  if (candidates.size() > 1) {
+    throw InvalidArgument(fmt::format(
+        "{}: the snapshot has events of devices [{}]: choose one (--device N) or replay each", name,
+        fmt::join(candidates, ", ")));
+  }
+  return candidates.empty() ? 0 : *candidates.begin();
+}
+
+/// Reads one device's window into a trace.
+class WindowReader {
+ public:
+  WindowReader(const Snapshot& snapshot, const std::string& name, int device, Trace& trace)
+      : snapshot_(snapshot), name_(name), device_(device), trace_(trace), lifetimes_(trace) {}
+
+  void run() {
+    if (static_cast<std::size_t>(device_) < snapshot_.device_traces.size()) {
+      read_events(snapshot_.device_traces[static_cast<std::size_t>(device_)]);
+    }
+    SegmentHistory history(name_, device_);
+    read_final_segments(history);
+    history.rebuild(trace_.recorded, segment_positions_);
+    lifetimes_.finish();
+    trace_.streams = streams_.handles();
+  }
+
+ private:
+  void read_events(Value events) {
+    if (!events.is_list()) {
+      Place{name_, "device_traces[{}]", static_cast<std::size_t>(device_)}.fail(
+          fmt::format("expected a list of events, got {}", events.type_name()));
+    }
+    std::size_t position = 0;
+    for (const Value event : events) {
+      read_event(event,
+                 Place{name_, "device_traces[{}][{}]", static_cast<std::size_t>(device_), position},
+                 position);
+      ++position;
+    }
+  }
+
+  void read_event(Value event, const Place& at, std::size_t position) {
+    const Value action_value = at.field(event, "action");
+    if (!action_value.is_string()) at.fail("'action' is not a str");
+    const std::string_view action = action_value.as_string();
+    if (action == "alloc") return on_alloc(event, at, position);
+    if (action == "free_requested") return on_free_requested(event, at, position);
+    if (action == "free_completed") return on_free_completed(event, at, position);
+    if (action == "oom") return on_oom(event, at, position);
+    if (action.substr(0, 8) == "segment_") return on_segment(event, at, action, position);
+    if (action == "snapshot" || action == "annotate") return;  // markers, no memory changes hands
+    at.fail(
+        fmt::format("unknown action {}: expected alloc, free_requested, free_completed, "
+                    "segment_alloc, segment_free, segment_map, segment_unmap, oom or snapshot",
+                    quote(action)));
+  }
+
+  /// `time_us`, or the event's position in the window when the snapshot has no times.
+  std::int64_t time(Value event, const Place& at, std::size_t position) const {
+    const std::optional<Value> value = event.find("time_us");
+    if (!value) return static_cast<std::int64_t>(position);
+    if (value->is_int()) return value->as_int();
+    constexpr double max_time = 9.0e18;  // keeps the conversion to int64 defined
+    if (value->is_double() && std::fabs(value->as_double()) < max_time) {
+      return static_cast<std::int64_t>(value->as_double());
+    }
+    at.fail(fmt::format("'time_us' is {}, expected a number of microseconds", value->describe(40)));
+  }
+
+  void on_alloc(Value event, const Place& at, std::size_t position) {
+    const std::uint64_t addr = at.address(event, "addr");
+    if (lifetimes_.live_at(addr)) {
+      at.fail(fmt::format("alloc at {:#x}, which is already allocated and not freed", addr));
+    }
+    pending_.erase(addr);
+    lifetimes_.alloc(addr, at.size(event, "size"), streams_.index(at.stream(event)),
+                     time(event, at, position));
+  }
+
+  void on_free_requested(Value event, const Place& at, std::size_t position) {
+    const std::uint64_t addr = at.address(event, "addr");
+    if (lifetimes_.freed_at(addr)) {
+      at.fail(fmt::format("free_requested of {:#x}, which the window already freed", addr));
+    }
+    const AddressLifetimes::Freed freed = lifetimes_.free(
+        addr, at.size(event, "size"), streams_.index(at.stream(event)), time(event, at, position));
+    pending_[addr] = Pending{freed.id, trace_.events.size() - 1};
+  }
+
+  void on_free_completed(Value event, const Place& at, std::size_t position) {
+    const std::uint64_t addr = at.address(event, "addr");
+    const auto found = pending_.find(addr);
+    if (found == pending_.end()) {
+      // Requested before the window (the program had already freed it) - unless it is live.
+      if (lifetimes_.live_at(addr)) {
+        at.fail(
+            fmt::format("free_completed of {:#x}, which is allocated and was never freed", addr));
+      }
+      return;
+    }
+    const std::size_t next = trace_.events.size();
+    if (found->second.free_event + 1 != next) {
+      trace_.recorded.deferred_frees.push_back(
+          RecordedFreeCompletion{found->second.id, next, time(event, at, position)});
+    }
+    pending_.erase(found);
+  }
+
+  void on_oom(Value event, const Place& at, std::size_t position) {
+    RecordedOom oom;
+    oom.before_event = trace_.events.size();
+    oom.size = at.size(event, "size");
+    oom.device_free = event.find("device_free") ? at.address(event, "device_free") : 0;
+    oom.stream = streams_.index(at.stream(event));
+    oom.time = time(event, at, position);
+    trace_.recorded.ooms.push_back(oom);
+  }
+
+  void on_segment(Value event, const Place& at, std::string_view action, std::size_t position) {
+    using Kind = RecordedSegmentEvent::Kind;
+    RecordedSegmentEvent segment;
+    if (action == "segment_alloc") segment.kind = Kind::alloc;
+    else if (action == "segment_free") segment.kind = Kind::free;
+    else if (action == "segment_map") segment.kind = Kind::map;
+    else if (action == "segment_unmap") segment.kind = Kind::unmap;
+    else at.fail(fmt::format("unknown action {}", quote(action)));
+    segment.before_event = trace_.events.size();
+    segment.addr = at.address(event, "addr");
+    segment.size = at.size(event, "size");
+    segment.stream = streams_.index(at.stream(event));
+    segment.time = time(event, at, position);
+    trace_.recorded.segment_events.push_back(segment);
+    segment_positions_.push_back(position);
+  }
+
+  /// The final segments of this device: the held memory for `history`, and the blocks that were
+  /// allocated before the window and never freed in it.
+  void read_final_segments(SegmentHistory& history) {
+    std::size_t index = 0;
+    for (const Value segment : snapshot_.segments) {
+      const Place at{name_, "segments[{}]", index};
+      if (segment_device(segment, at) == device_) {
+        const RecordedSegment held = final_segment(segment, at);
+        history.add_final(held, index);
+        read_blocks(at.field(segment, "blocks"), index, held.stream);
+      }
+      ++index;
+    }
+  }
+
+  RecordedSegment final_segment(Value segment, const Place& at) {
+    RecordedSegment held;
+    held.addr = at.address(segment, "address");
+    held.size = at.size(segment, "total_size");
+    held.stream = streams_.index(at.stream(segment));
+    held.is_large = held.size > small_segment_bytes;
+    if (const std::optional<Value> type = segment.find("segment_type")) {
+      const std::string_view text = type->is_string() ? type->as_string() : std::string_view();
+      if (text != "large" && text != "small") {
+        at.fail(
+            fmt::format("'segment_type' is {}, expected 'large' or 'small'", type->describe(40)));
+      }
+      held.is_large = text == "large";
+    }
+    if (const std::optional<Value> expandable = segment.find("is_expandable")) {
+      if (!expandable->is_bool()) at.fail("'is_expandable' is not a bool");
+      held.is_expandable = expandable->as_bool();
+    }
+    return held;
+  }
+
+  void read_blocks(Value blocks, std::size_t segment, std::uint32_t stream) {
+    if (!blocks.is_list()) Place{name_, "segments[{}]", segment}.fail("'blocks' is not a list");
+    std::size_t index = 0;
+    for (const Value block : blocks) {
+      const Place at{name_, "segments[{}].blocks[{}]", segment, index++};
+      const Value state = at.field(block, "state");
+      if (!state.is_string() || state.as_string() != "active_allocated") continue;
+      const std::uint64_t addr = at.address(block, "address");
+      if (lifetimes_.live_at(addr)) continue;  // allocated in the window
+      if (lifetimes_.freed_at(addr)) {
+        at.fail(fmt::format("active_allocated at {:#x}, but the window's last event there frees it",
+                            addr));
+      }
+      const char* key = block.find("requested_size") ? "requested_size" : "size";
+      lifetimes_.live_throughout(addr, at.size(block, key), stream);
+    }
+  }
+
+  struct Pending {
+    std::uint64_t id;
+    std::size_t free_event;
+  };
+
+  const Snapshot& snapshot_;
+  const std::string& name_;
+  int device_;
+  Trace& trace_;
+  AddressLifetimes lifetimes_;
+  StreamTable streams_;
+  std::unordered_map<std::uint64_t, Pending> pending_;  ///< requested, not yet completed frees
+  std::vector<std::size_t> segment_positions_;          ///< where each segment event was read
+};
+
+/// A setting's value as text: strings as they are, dicts in PyTorch's option syntax
+/// (`roundup_power2_divisions` becomes "[1:0,2:0,...]", as PYTORCH_CUDA_ALLOC_CONF writes it),
+/// anything else as Python prints it.
+std::string setting_text(Value value) {
+  constexpr std::size_t max_chars = 4096;
+  if (value.is_string()) return std::string(value.as_string());
+  if (!value.is_dict()) return value.describe(max_chars);
+  std::string text = "[";
+  for (const auto [key, item] : value.items()) {
+    if (text.size() > max_chars) break;
+    if (text.size() > 1) text += ',';
+    text += setting_text(key) + ':' + setting_text(item);
+  }
+  return text + ']';
+}
+
+/// The allocator's settings (`allocator_settings`), in order.
+void read_settings(const std::optional<Value>& settings, Recorded& recorded) {
+  if (!settings || !settings->is_dict()) return;
+  for (const auto [key, value] : settings->items()) {
+    recorded.settings.emplace_back(setting_text(key), setting_text(value));
+  }
+}
+
+}  // namespace
+
+Trace read_pytorch_snapshot(std::string bytes, const std::string& name,
+                            const ReadOptions& options) {
+  require_unscaled(options, name, Format::pytorch);
+  const pickle::Document document = pickle::parse(std::move(bytes), name);
+  const Snapshot snapshot = open_snapshot(document);
+  Trace trace;
+  trace.source = name;
+  trace.format = to_string(Format::pytorch);
+  trace.device = choose_device(snapshot, name, options);
+  WindowReader(snapshot, name, trace.device, trace).run();
+  read_settings(snapshot.settings, trace.recorded);
+  return trace;
+}
+
+std::vector<int> pytorch_snapshot_devices(std::string bytes, const std::string& name) {
+  const pickle::Document document = pickle::parse(std::move(bytes), name);
+  const Snapshot snapshot = open_snapshot(document);
+  std::set<int> devices = devices_with_events(snapshot);
+  const std::set<int> with_segments = devices_with_segments(snapshot, name);
+  devices.insert(with_segments.begin(), with_segments.end());
+  return {devices.begin(), devices.end()};
+}
+
+}  // namespace cistern::trace::detail
