@@ -37,9 +37,9 @@ const char* to_string(Start start) noexcept;
 /// An allocator policy by name: "cistern", "torch", "nocache", optionally with options written
 /// after a colon as `name:key=value,key=value` (keys and values as in CISTERN_ALLOC_CONF).
 struct Policy {
-  std::string name;     ///< "cistern", "torch" or "nocache"
-  Config config;        ///< options applied on top of the policy's defaults
-  std::string label;    ///< as written, e.g. "cistern:max_split_size_mb=256"
+  std::string name;   ///< "cistern", "torch" or "nocache"
+  Config config;      ///< options applied on top of the policy's defaults
+  std::string label;  ///< as written, e.g. "cistern:max_split_size_mb=256"
 
   /// Parses one policy; throws InvalidArgument naming the text on an unknown name or option.
   static Policy parse(const std::string& text);
@@ -56,13 +56,13 @@ struct Policy {
 /// The cost of device calls on the simulated device, for the "simulated device time" figure.
 /// Documented in docs/cost-model.md with the measurements it is based on.
 struct CostModel {
-  double alloc_ns = 0;           ///< cudaMalloc fixed cost
-  double alloc_ns_per_mib = 0;   ///< cudaMalloc cost per MiB
-  double free_ns = 0;            ///< cudaFree fixed cost (it also synchronises the device)
+  double alloc_ns = 0;          ///< cudaMalloc fixed cost
+  double alloc_ns_per_mib = 0;  ///< cudaMalloc cost per MiB
+  double free_ns = 0;           ///< cudaFree fixed cost (it also synchronises the device)
   double free_ns_per_mib = 0;
-  double map_ns = 0;             ///< cuMemCreate + cuMemMap + cuMemSetAccess per granule
-  double unmap_ns = 0;           ///< cuMemUnmap + cuMemRelease per granule
-  double event_ns = 0;           ///< record / query / wait
+  double map_ns = 0;    ///< cuMemCreate + cuMemMap + cuMemSetAccess per granule
+  double unmap_ns = 0;  ///< cuMemUnmap + cuMemRelease per granule
+  double event_ns = 0;  ///< record / query / wait
   /// The default, from published and measured figures.
   static CostModel defaults();
 };
@@ -71,9 +71,11 @@ struct CostModel {
 struct Options {
   std::size_t capacity = 80 * GiB;  ///< simulated device capacity
   Start start = Start::cold;
-  bool check_invariants = false;    ///< call the allocator's check() (cistern) after every event
-  std::size_t timeline_points = 0;  ///< >0: sample live and reserved bytes at about this many points
-  bool segment_map_at_peak = false; ///< snapshot the allocator at its peak reserved
+  /// Call the allocator's check() after every event (cistern's and torch's allocators).
+  bool check_invariants = false;
+  /// >0: sample live and reserved bytes at about this many points (the peaks always included).
+  std::size_t timeline_points = 0;
+  bool segment_map_at_peak = false;  ///< snapshot the allocator at its peak reserved
   CostModel costs = CostModel::defaults();
 };
 
@@ -87,31 +89,38 @@ struct TimelinePoint {
 
 /// The measurements of one replay (a row of `cistern replay --json`).
 struct Result {
-  std::string trace;                        ///< source path
+  std::string trace;  ///< source path
   int device = 0;
-  std::string policy;                       ///< label ("recorded" for PyTorch's own figures)
+  std::string policy;  ///< label ("recorded" for PyTorch's own figures)
   std::string start = "cold";
-  std::optional<std::uint64_t> capacity;    ///< null for "recorded"
+  std::optional<std::uint64_t> capacity;  ///< null for "recorded"
   std::uint64_t peak_live = 0;
   std::optional<std::uint64_t> peak_reserved;
-  std::optional<double> overhead;           ///< peak_reserved / peak_live - 1
+  std::optional<double> overhead;  ///< peak_reserved / peak_live - 1
   std::optional<std::uint64_t> min_capacity;
   std::uint64_t events = 0;
   std::uint64_t ooms = 0;
+  // Device calls the policy's allocator made (successful ones), a cold start's allocation of the
+  // blocks live before the window included, a warm start's placement of the recorded cache not.
   std::uint64_t device_allocs = 0;
   std::uint64_t device_frees = 0;
   std::uint64_t device_maps = 0;
   std::uint64_t device_unmaps = 0;
-  std::optional<double> ns_per_op;          ///< allocator host time per alloc/free
-  std::optional<double> device_ms;          ///< simulated device time of device calls (cost model)
-  std::vector<TimelinePoint> timeline;      ///< when Options::timeline_points > 0
-  std::optional<Snapshot> segment_map;      ///< at peak reserved, when asked
-  std::string error;                        ///< why the replay could not run (empty if it did)
-  std::string note;                         ///< a caveat about a figure (empty if none), e.g. a
-                                            ///< capacity probe that contradicted monotonicity
+  /// Allocator host time per alloc/free: the timed event loop over the calls made (with
+  /// check_invariants, the checks are in it too).
+  std::optional<double> ns_per_op;
+  std::optional<double> device_ms;      ///< simulated device time of device calls (cost model)
+  std::vector<TimelinePoint> timeline;  ///< when Options::timeline_points > 0
+  std::optional<Snapshot> segment_map;  ///< at peak reserved, when asked
+  std::string error;                    ///< why the replay could not run (empty if it did)
+  std::string note;                     ///< a caveat about a figure (empty if none), e.g. a
+                                        ///< capacity probe that contradicted monotonicity
 };
 
-/// Replays `trace` with `policy`. Out-of-memory is counted, not thrown.
+/// Replays `trace` with `policy`. Out-of-memory is counted, not thrown; a trace that cannot be
+/// replayed (a free of an id that is not live, a stream index out of range, a call the allocator
+/// rejects) gives a row with `error` set. Throws `InvalidArgument` only for a warm start of a
+/// policy that cannot start warm.
 Result run(const trace::Trace& trace, const Policy& policy, const Options& options);
 
 /// The outcome of a capacity search.
@@ -137,8 +146,11 @@ std::uint64_t min_capacity(const trace::Trace& trace, const Policy& policy, cons
 std::optional<Result> recorded(const trace::Trace& trace, const Options& options = {});
 
 /// Runs every (trace, policy) pair, in parallel on up to `threads` threads (0: hardware
-/// concurrency). `progress(done, total)` is called after each job, from the calling thread's
-/// perspective serialised.
+/// concurrency), with `min_capacity` when `with_min_capacity`. Rows come in a fixed order
+/// whatever the threads do: by trace, the trace's `recorded` row first when it has one, then the
+/// policies as given; a job that fails gives a row with `error` set. `progress(done, total)` is
+/// called once per finished job, always from the calling thread. Throws `InvalidArgument`
+/// before running anything if a policy cannot begin with `options.start`.
 std::vector<Result> run_all(const std::vector<const trace::Trace*>& traces,
                             const std::vector<Policy>& policies, const Options& options,
                             bool with_min_capacity, unsigned threads,

@@ -1,0 +1,143 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The replay engine: one replay of a trace under a policy, and what it reports.
+#include "replay/engine.hpp"
+
+#include <fmt/format.h>
+
+#include <exception>
+
+#include "cistern/errors.hpp"
+#include "replay/engine_detail.hpp"
+#include "replay/replayer.hpp"
+
+namespace cistern::replay {
+
+const char* to_string(Start start) noexcept {
+  switch (start) {
+    case Start::cold: return "cold";
+    case Start::warm: return "warm";
+  }
+  return "?";
+}
+
+namespace detail {
+namespace {
+
+std::optional<double> overhead(std::uint64_t reserved, std::uint64_t live) {
+  if (live == 0) return std::nullopt;
+  return static_cast<double>(reserved) / static_cast<double>(live) - 1.0;
+}
+
+/// Copies what a finished replay measured into its row.
+void fill(Result& r, const Replayer& replayer) {
+  const Measures& m = replayer.measures();
+  const DeviceCalls& calls = replayer.device_calls();
+  r.peak_reserved = m.peak_reserved;
+  r.overhead = overhead(m.peak_reserved, r.peak_live);
+  r.ooms = m.ooms;
+  r.device_allocs = calls.allocs;
+  r.device_frees = calls.frees;
+  r.device_maps = calls.maps;
+  r.device_unmaps = calls.unmaps;
+  r.device_ms = calls.ns / 1e6;
+  if (m.allocator_calls > 0) r.ns_per_op = m.loop_ns / static_cast<double>(m.allocator_calls);
+}
+
+/// The allocator's segments when its reserved bytes first reach their peak: a second replay that
+/// stops at that event (replays are deterministic).
+Snapshot snapshot_at_peak(const trace::Trace& trace, const Plan& plan, const Policy& policy,
+                          const Options& options, const Measures& first, std::string& note) {
+  Replayer again(trace, plan, policy, options, options.capacity);
+  again.start(false);
+  if (first.peak_reserved_event != kAtStart) {
+    again.replay(first.peak_reserved_event + 1, false, nullptr);
+  }
+  if (again.allocator().reserved_bytes() != first.peak_reserved) {
+    note = fmt::format(
+        "the segment map holds {} reserved bytes, not the peak's {}: the replay "
+        "was not deterministic",
+        again.allocator().reserved_bytes(), first.peak_reserved);
+  }
+  return again.allocator().snapshot();
+}
+
+/// The replay proper; throws on a trace the allocator rejects.
+void replay_into(Result& r, const trace::Trace& trace, const Plan& plan, const Policy& policy,
+                 const Options& options) {
+  Replayer replayer(trace, plan, policy, options, options.capacity);
+  replayer.start(false);
+  std::vector<std::uint64_t> reserved_after;
+  if (options.timeline_points > 0) reserved_after.resize(plan.steps.size());
+  replayer.replay(plan.steps.size(), false,
+                  options.timeline_points > 0 ? &reserved_after : nullptr);
+  fill(r, replayer);
+  const Measures& m = replayer.measures();
+  if (options.timeline_points > 0) {
+    r.timeline = sample_timeline(trace, plan, reserved_after, options.timeline_points,
+                                 m.peak_reserved_event);
+  }
+  if (options.segment_map_at_peak) {
+    r.segment_map = snapshot_at_peak(trace, plan, policy, options, m, r.note);
+  }
+}
+
+}  // namespace
+
+Result result_header(const trace::Trace& trace, const Plan& plan, const std::string& policy,
+                     const std::string& start) {
+  Result r;
+  r.trace = trace.source;
+  r.device = trace.device;
+  r.policy = policy;
+  r.start = start;
+  r.events = trace.events.size();
+  // Trace::peak_live's figure, computed while compiling (where it costs nothing extra); a trace
+  // that does not compile has none.
+  r.peak_live = plan.peak_live;
+  return r;
+}
+
+void require_start(const Policy& policy, Start start) {
+  if (start != Start::warm || policy.supports_warm_start()) return;
+  std::string able;
+  for (const char* name : {"cistern", "torch", "nocache"}) {
+    if (!Policy::parse(name).supports_warm_start()) continue;
+    able += able.empty() ? name : std::string(", ") + name;
+  }
+  throw InvalidArgument(fmt::format(
+      "replay: policy '{}' cannot start warm; policies that can: {} (use a cold start for '{}')",
+      policy.label.empty() ? policy.name : policy.label, able, policy.name));
+}
+
+Result run_plan(const trace::Trace& trace, const Plan& plan, const Policy& policy,
+                const Options& options) {
+  require_start(policy, options.start);
+  Result r = result_header(trace, plan, policy.label.empty() ? policy.name : policy.label,
+                           to_string(options.start));
+  r.capacity = options.capacity;
+  if (!plan.error.empty()) {
+    r.error = plan.error;
+    return r;
+  }
+  try {
+    replay_into(r, trace, plan, policy, options);
+  } catch (const std::exception& e) {
+    // Figures of a replay that did not finish would mislead: keep only the row's identity.
+    Result failed = result_header(trace, plan, r.policy, r.start);
+    failed.capacity = r.capacity;
+    failed.error = e.what();
+    return failed;
+  }
+  return r;
+}
+
+}  // namespace detail
+
+Result run(const trace::Trace& trace, const Policy& policy, const Options& options) {
+  detail::require_start(policy, options.start);
+  const detail::Plan plan = detail::compile(trace);
+  return detail::run_plan(trace, plan, policy, options);
+}
+
+}  // namespace cistern::replay

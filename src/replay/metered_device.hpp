@@ -1,0 +1,78 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// MeteredDevice: an adaptor over the replay's SimDevice that counts the device calls an
+// allocator makes and prices them with the cost model (the "simulated device time" figure).
+//
+// The allocator under test is built over the adaptor, so that exactly its own calls are metered:
+// the engine's program calls (a trace's synchronize events) and a warm start's placement of the
+// recorded cache go to the SimDevice directly and cost nothing here. Every call is forwarded
+// unchanged; the adaptor only watches. Failed calls are priced at their fixed cost (a failed
+// cudaMalloc still takes the driver's time) and are not counted as calls made.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "cistern/sim_device.hpp"
+#include "replay/engine.hpp"
+
+namespace cistern::replay::detail {
+
+/// Successful segment calls of an allocator, and their simulated cost.
+struct DeviceCalls {
+  std::uint64_t allocs = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t maps = 0;
+  std::uint64_t unmaps = 0;
+  double ns = 0;  ///< simulated time of every metered call, failed ones included
+};
+
+/// See the file comment. Not thread-safe for counting: one replay, one thread.
+class MeteredDevice final : public Device {
+ public:
+  MeteredDevice(SimDevice& device, const CostModel& costs);
+
+  /// What has been metered so far.
+  const DeviceCalls& calls() const noexcept { return calls_; }
+  /// Declares a segment that was placed on the device without this adaptor (a warm start's
+  /// recorded cache), so that its later free is priced by its size.
+  void note_segment(std::uintptr_t address, std::size_t bytes);
+
+  int index() const noexcept override;
+  std::string name() const override;
+  std::size_t granularity() const noexcept override;
+  Status memory_info(MemoryInfo* info) noexcept override;
+  std::string last_error() const override;
+  Status allocate(std::size_t bytes, void** ptr) noexcept override;
+  Status deallocate(void* ptr) noexcept override;
+  bool supports_virtual_memory() const noexcept override;
+  Status reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept override;
+  Status release_reservation(void* va, std::size_t bytes) noexcept override;
+  Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept override;
+  Status release_physical(PhysicalHandle handle) noexcept override;
+  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
+             std::size_t offset) noexcept override;
+  Status unmap(void* va, std::size_t bytes) noexcept override;
+  Status create_event(Event* event) noexcept override;
+  Status destroy_event(Event event) noexcept override;
+  Status record_event(Event event, Stream stream) noexcept override;
+  Status query_event(Event event) noexcept override;
+  Status synchronize_event(Event event) noexcept override;
+  Status stream_wait_event(Stream stream, Event event) noexcept override;
+  Status synchronize_stream(Stream stream) noexcept override;
+  Status synchronize_device() noexcept override;
+
+ private:
+  double mib(std::size_t bytes) const noexcept;
+  double granules(std::size_t bytes) const noexcept;
+  Status event_call(Status status) noexcept;
+
+  SimDevice& device_;
+  CostModel costs_;
+  DeviceCalls calls_;
+  std::unordered_map<std::uintptr_t, std::size_t> segment_bytes_;  // live segments by address
+};
+
+}  // namespace cistern::replay::detail
