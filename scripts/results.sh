@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+#
+# Regenerates docs/results.md and docs/report-example.html: every shared trace in
+# ../shared/traces replayed with `cistern replay --policy cistern,torch,nocache --min-capacity`
+# (PyTorch's recorded figures come with the snapshots), formatted by scripts/results_md.py.
+#
+# Usage: scripts/results.sh
+# Environment: BUILD_DIR (default build-results; configured as Release if new, and built),
+#              CISTERN_SHARED_DIR (default ../shared, the folder holding traces/),
+#              EXAMPLE_TRACE (the trace of the HTML example, below traces/).
+# The raw JSON is kept in results/replay/ (not committed).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+build="${BUILD_DIR:-build-results}"
+# A relative path by default, so that the committed files name traces as a reader would.
+shared="${CISTERN_SHARED_DIR:-../shared}"
+example="${EXAMPLE_TRACE:-pytorch/cs336_Wedsonlin/medium_ctx512_training.pickle.gz}"
+traces="$shared/traces"
+if [[ ! -d "$traces" ]]; then
+  echo "results.sh: no traces at $traces (set CISTERN_SHARED_DIR to the folder holding traces/)" >&2
+  exit 1
+fi
+
+if [[ ! -f "$build/CMakeCache.txt" ]]; then  # an existing build keeps its options
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCISTERN_BUILD_TESTS=OFF \
+    -DCISTERN_BUILD_BENCHMARKS=OFF -DCISTERN_BUILD_EXAMPLES=OFF >/dev/null
+fi
+cmake --build "$build" --target cistern_cli
+cistern="$build/src/cli/cistern"
+
+out=results/replay
+mkdir -p "$out" docs
+replay() {  # replay NAME [flags and traces...]
+  local name="$1"
+  shift
+  echo "results.sh: replaying $name" >&2
+  "$cistern" replay --quiet --policy cistern,torch,nocache --min-capacity \
+    --json "$out/$name.json" "$@"
+}
+replay pytorch "$traces"/pytorch/*/*.pickle.gz
+replay kineto "$traces"/kineto/*.json.gz
+replay somas "$traces"/somas/*.csv
+# minimalloc's sets are in normalised units (2^20 units = the intended capacity): 1 unit = 1 KiB.
+replay minimalloc --scale 1024 "$traces"/minimalloc/*.csv
+
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$(git status --porcelain -- src include CMakeLists.txt 2>/dev/null)" ]]; then
+  commit="$commit (with uncommitted changes)"
+fi
+cpu="$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)"
+machine="$(uname -srm), ${cpu:-unknown CPU}, $(nproc) cores"
+
+python3 scripts/results_md.py --commit "$commit" --machine "$machine" \
+  --version "$("$cistern" --version)" --example report-example.html \
+  --example-trace "$example" \
+  "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" "$out/minimalloc.json" \
+  >docs/results.md
+"$cistern" replay --quiet --policy cistern,torch,nocache --min-capacity \
+  --html docs/report-example.html "$traces/$example"
+echo "results.sh: wrote docs/results.md and docs/report-example.html" >&2

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+"""Formats `cistern replay --json` files as docs/results.md (Markdown on stdout).
+
+One table per trace family (the folder below traces/: pytorch, kineto, somas, minimalloc), one
+row per trace: peak_live, then for PyTorch's recorded run, the torch emulation, nocache and
+cistern's defaults the overhead (peak reserved / peak_live - 1) and min_capacity / peak_live.
+Standard library only; called by scripts/results.sh.
+"""
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+POLICIES = [  # (policy in the JSON, column title)
+    ("recorded", "PyTorch recorded"),
+    ("torch", "torch emulation"),
+    ("nocache", "nocache"),
+    ("cistern", "cistern"),
+]
+
+# Recorded from real programs; minimalloc's instances are synthetic planning benchmarks and are
+# summarised on their own.
+REAL_FAMILIES = ("pytorch", "kineto", "somas")
+
+FAMILIES = {
+    "pytorch": "PyTorch memory snapshots",
+    "kineto": "Kineto (PyTorch profiler) trace",
+    "somas": "MindSpore SOMAS lifetime lists",
+    "minimalloc": "minimalloc challenging instances (sizes x 1024: 1 unit = 1 KiB)",
+}
+
+
+def trace_name(path):
+    """The path below traces/, as the shared README names it."""
+    marker = "traces/"
+    at = path.rfind(marker)
+    return path[at + len(marker):] if at >= 0 else path
+
+
+def format_bytes(n):
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def percent(x):
+    return "-" if x is None else f"{x * 100:.2f}%"
+
+
+def ratio(row):
+    if row is None or row.get("min_capacity") is None or not row["peak_live"]:
+        return None
+    return row["min_capacity"] / row["peak_live"]
+
+
+def fmt_ratio(x):
+    return "-" if x is None else f"{x:.3f}"
+
+
+def load(paths):
+    """Rows grouped by trace, in file order: {trace: {policy: row}}."""
+    traces = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for row in json.load(f)["results"]:
+                traces.setdefault(trace_name(row["trace"]), {})[row["policy"]] = row
+    return traces
+
+
+def columns(rows_by_trace):
+    """The policies present, and whether each has min_capacity figures."""
+    present = []
+    for policy, title in POLICIES:
+        rows = [r[policy] for r in rows_by_trace.values() if policy in r]
+        if rows:
+            present.append((policy, title, any(r.get("min_capacity") is not None for r in rows)))
+    return present
+
+
+def family_table(rows_by_trace):
+    cols = columns(rows_by_trace)
+    head = ["trace", "peak_live"]
+    for _, title, has_ratio in cols:
+        head.append(f"{title}: overhead")
+        if has_ratio:
+            head.append(f"{title}: min_cap / live")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    stats = {policy: ([], []) for policy, _, _ in cols}
+    for name, rows in rows_by_trace.items():
+        any_row = next(iter(rows.values()))
+        cells = [f"`{name}`", format_bytes(any_row["peak_live"])]
+        for policy, _, has_ratio in cols:
+            row = rows.get(policy)
+            if row is not None and row.get("error"):
+                cells.append("error")
+                if has_ratio:
+                    cells.append("error")
+                continue
+            overhead = None if row is None else row.get("overhead")
+            cells.append(percent(overhead))
+            if overhead is not None:
+                stats[policy][0].append(overhead)
+            if has_ratio:
+                r = ratio(row)
+                cells.append(fmt_ratio(r))
+                if r is not None:
+                    stats[policy][1].append(r)
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(rows_by_trace) > 2:
+        cells = ["**median**", ""]
+        for policy, _, has_ratio in cols:
+            overheads, ratios = stats[policy]
+            cells.append(percent(statistics.median(overheads)) if overheads else "-")
+            if has_ratio:
+                cells.append(fmt_ratio(statistics.median(ratios)) if ratios else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def overall_table(traces):
+    """Per policy, across every trace: median and worst overhead and min_cap / live."""
+    lines = [
+        "| policy | traces | median overhead | worst overhead | median min_cap / live | "
+        "worst min_cap / live | OOMs at 80 GiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for policy, title in POLICIES:
+        rows = [r[policy] for r in traces.values() if policy in r and not r[policy].get("error")]
+        if not rows:
+            continue
+        overheads = [r["overhead"] for r in rows if r.get("overhead") is not None]
+        ratios = [x for x in (ratio(r) for r in rows) if x is not None]
+        ooms = sum(r.get("ooms") or 0 for r in rows) if policy != "recorded" else None
+        lines.append("| " + " | ".join([
+            title,
+            str(len(rows)),
+            percent(statistics.median(overheads)) if overheads else "-",
+            percent(max(overheads)) if overheads else "-",
+            fmt_ratio(statistics.median(ratios)) if ratios else "-",
+            fmt_ratio(max(ratios)) if ratios else "-",
+            "-" if ooms is None else str(ooms),
+        ]) + " |")
+    return "\n".join(lines)
+
+
+HOW_TO_READ = """\
+## How to read this
+
+`peak_live` is the most memory the program's live allocations needed at any one time, counted in
+the sizes the program asked for (including blocks already live when a recorded window opened). No
+allocator can run the trace in less, so every other figure is measured against it:
+
+- **overhead** = peak reserved / peak_live - 1: how much more than that the allocator held from the
+  device at its peak on an 80 GiB device (rounding, fragmentation, cached free memory).
+- **min_cap / live** = the smallest device capacity (to 2 MiB) on which the whole trace replays with
+  no out-of-memory error, divided by peak_live. This is the figure that decides whether a job fits:
+  an allocator that caches freely can still squeeze into a smaller device by freeing its cache and
+  retrying, and one that never caches (nocache) can still fail because the device rounds every
+  allocation to 2 MiB pages.
+- **PyTorch recorded** is what PyTorch's own allocator held while the trace was recorded (from the
+  snapshot's segment events, or the Kineto trace's Total Reserved counter); it has no min_cap
+  figure. **torch emulation** is cistern's replay of PyTorch's allocator on the same events, and
+  should sit close to the recorded figure. **nocache** is one `cudaMalloc` per allocation; its
+  reserved bytes are the sizes it asks for, so its overhead is about zero, and the driver's
+  rounding of every allocation to 2 MiB pages shows in its min_cap instead. **cistern** is cistern
+  with its default options (which follow PyTorch's, so it matches the emulation closely).
+
+Every replay starts cold: blocks live before the recorded window are allocated first on an empty
+device, so a recorded run that had cached more before the window (the Kineto trace: its reserved
+memory was already at its high-water mark when the window opened) can show more overhead than any
+replay of the window can.
+"""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("json", nargs="+", help="cistern replay --json files")
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--machine", default="unknown")
+    parser.add_argument("--version", default="unknown")
+    parser.add_argument("--example", help="the HTML report's file name, next to results.md")
+    parser.add_argument("--example-trace", help="the trace the HTML report shows")
+    args = parser.parse_args()
+
+    traces = load(args.json)
+    families = {}
+    for name, rows in traces.items():
+        families.setdefault(name.split("/")[0], {})[name] = rows
+
+    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    out = [
+        "# Replay results",
+        "",
+        "<!-- Generated by scripts/results.sh; do not edit by hand. -->",
+        "",
+        f"Every trace in `../shared/traces` (see its README for sources and licenses) replayed by "
+        f"`cistern replay --policy cistern,torch,nocache --min-capacity` on the simulated device "
+        f"(80 GiB).",
+        "",
+        f"- date: {today}",
+        f"- version: {args.version}, commit {args.commit}",
+        f"- machine: {args.machine}",
+        "",
+    ]
+    if args.example:
+        what = f" of `{args.example_trace}`" if args.example_trace else ""
+        out += [f"An HTML report{what} - memory timeline, results, segment maps at the peak - is "
+                f"in [{args.example}]({args.example}) (open it in a browser; it needs no network).",
+                ""]
+    real = {name: rows for name, rows in traces.items() if name.split("/")[0] in REAL_FAMILIES}
+    if real:
+        out += ["## Real workloads at a glance", "",
+                f"Across the {len(real)} traces recorded from real programs (PyTorch snapshots, "
+                f"the Kineto trace, SOMAS lists; minimalloc's synthetic instances have their own "
+                f"table below):", "", overall_table(real), ""]
+    for family, rows in families.items():
+        out += [f"## {FAMILIES.get(family, family)}", "", family_table(rows), ""]
+    out.append(HOW_TO_READ)
+    sys.stdout.write("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// `cistern info TRACE`: what a trace holds - format, devices, streams, events by kind, the
+// blocks live before the window, peak_live, PyTorch's recorded figures and a histogram of the
+// requested sizes - as text or JSON.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cistern/types.hpp"
+#include "cli/cli.hpp"
+#include "cli/trace_args.hpp"
+#include "trace/readers.hpp"
+
+namespace cistern::cli {
+namespace {
+
+struct InfoArgs {
+  std::string trace;
+  TraceArgs input;
+  bool json = false;
+};
+
+/// Allocation sizes by power of two: bucket k holds sizes in [2^k, 2^(k+1)) (k = 0 holds 0 too).
+struct Histogram {
+  std::array<std::uint64_t, 65> count{};
+  std::array<std::uint64_t, 65> bytes{};
+  void add(std::uint64_t size) {
+    int k = 0;
+    while (k < 63 && (size >> (k + 1)) != 0) ++k;
+    ++count[k];
+    bytes[k] += size;
+  }
+};
+
+/// Everything `info` reports, gathered in one pass.
+struct Summary {
+  std::array<std::uint64_t, 4> ops{};  // by trace::Op
+  std::uint64_t live_before_bytes = 0;
+  std::uint64_t largest = 0;
+  std::uint64_t allocated_bytes = 0;
+  std::set<std::uint64_t> distinct_sizes;
+  Histogram sizes;
+  std::int64_t first_time = 0, last_time = 0;
+};
+
+Summary summarize(const trace::Trace& t) {
+  Summary s;
+  for (const trace::LiveBlock& b : t.live_before) s.live_before_bytes += b.size;
+  for (const trace::Event& e : t.events) {
+    ++s.ops[static_cast<std::size_t>(e.op)];
+    if (e.op != trace::Op::alloc) continue;
+    s.largest = std::max(s.largest, e.size);
+    s.allocated_bytes += e.size;
+    s.distinct_sizes.insert(e.size);
+    s.sizes.add(e.size);
+  }
+  if (!t.events.empty()) {
+    s.first_time = t.events.front().time;
+    s.last_time = t.events.back().time;
+  }
+  return s;
+}
+
+std::string size_label(std::uint64_t bytes) {
+  if (bytes >= GiB && bytes % GiB == 0) return fmt::format("{} GiB", bytes / GiB);
+  if (bytes >= MiB && bytes % MiB == 0) return fmt::format("{} MiB", bytes / MiB);
+  if (bytes >= KiB && bytes % KiB == 0) return fmt::format("{} KiB", bytes / KiB);
+  return fmt::format("{} B", bytes);
+}
+
+/// "1.28 GiB (1373919236 bytes)", or "512 bytes" when that says it all.
+std::string bytes_text(std::uint64_t bytes) {
+  if (bytes < KiB) return format_bytes(bytes);
+  return fmt::format("{} ({} bytes)", format_bytes(bytes), bytes);
+}
+
+std::string histogram_text(const Histogram& h) {
+  std::uint64_t most = 1;
+  for (std::uint64_t c : h.count) most = std::max(most, c);
+  std::string out = "  allocation sizes, by power of two:\n";
+  out += fmt::format("    {:<20}  {:>8}  {:<40}  {:>10}\n", "from .. below", "count", "", "bytes");
+  for (std::size_t k = 0; k < h.count.size(); ++k) {
+    if (h.count[k] == 0) continue;
+    const std::uint64_t low = k == 0 ? 0 : std::uint64_t{1} << k;
+    const std::string high = k >= 63 ? "" : size_label(std::uint64_t{1} << (k + 1));
+    const std::size_t bar = static_cast<std::size_t>((h.count[k] * 40 + most - 1) / most);
+    out += fmt::format("    {:>8} .. {:<8}  {:>8}  {:<40}  {:>10}\n", size_label(low), high,
+                       h.count[k], std::string(bar, '#'), format_bytes(h.bytes[k]));
+  }
+  return out;
+}
+
+/// `items` joined with ", ", broken into lines of at most `width` characters, every line after
+/// the first indented by `indent` spaces.
+std::string wrapped_list(const std::vector<std::string>& items, std::size_t indent,
+                         std::size_t width) {
+  std::string out;
+  std::size_t column = indent;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string item = items[i] + (i + 1 < items.size() ? "," : "");
+    if (column > indent && column + 1 + item.size() > width) {
+      out += "\n" + std::string(indent, ' ');
+      column = indent;
+    } else if (column > indent) {
+      out += ' ';
+      ++column;
+    }
+    out += item;
+    column += item.size();
+  }
+  return out;
+}
+
+std::string devices_text(const std::vector<int>& devices, int chosen) {
+  std::string out;
+  for (int d : devices) {
+    if (!out.empty()) out += ", ";
+    out += d == chosen ? fmt::format("{} (shown)", d) : std::to_string(d);
+  }
+  return out;
+}
+
+std::string streams_text(const std::vector<std::uint64_t>& streams) {
+  std::string out = std::to_string(streams.size()) + ":";
+  for (std::size_t i = 0; i < streams.size() && i < 8; ++i)
+    out += fmt::format(" 0x{:x}", streams[i]);
+  if (streams.size() > 8) out += " ...";
+  return out;
+}
+
+std::string recorded_text(const trace::Recorded& r) {
+  if (!r.peak_reserved && r.segment_events.empty() && r.initial_segments.empty()) return "";
+  std::string out;
+  if (r.initial_reserved)
+    out += fmt::format("  reserved at window start  {}\n", bytes_text(*r.initial_reserved));
+  if (r.peak_reserved)
+    out += fmt::format("  recorded peak reserved    {}\n", bytes_text(*r.peak_reserved));
+  out += fmt::format("  recorded segments         {} at window start, {} segment events\n",
+                     r.initial_segments.size(), r.segment_events.size());
+  if (!r.ooms.empty()) out += fmt::format("  recorded OOMs             {}\n", r.ooms.size());
+  if (!r.settings.empty()) {
+    std::vector<std::string> settings;
+    settings.reserve(r.settings.size());
+    for (const auto& [key, value] : r.settings)
+      settings.push_back(fmt::format("{}={}", key, value));
+    out += "  allocator settings        " + wrapped_list(settings, 28, 100) + "\n";
+  }
+  return out;
+}
+
+std::string info_text(const trace::Trace& t, const std::vector<int>& devices) {
+  const Summary s = summarize(t);
+  std::string out = t.source + "\n";
+  out += fmt::format("  format                    {}\n", t.format);
+  out += fmt::format("  devices                   {}\n", devices_text(devices, t.device));
+  out += fmt::format("  streams                   {}\n", streams_text(t.streams));
+  out += fmt::format(
+      "  events                    {}: {} alloc, {} free, {} synchronize, {} "
+      "empty_cache\n",
+      t.events.size(), s.ops[0], s.ops[1], s.ops[2], s.ops[3]);
+  if (!t.events.empty() && t.format == "lifetimes")
+    out += fmt::format("  time                      steps {} .. {}\n", s.first_time, s.last_time);
+  else if (!t.events.empty())
+    out += fmt::format("  time                      {} .. {} us ({:.3f} s)\n", s.first_time,
+                       s.last_time, static_cast<double>(s.last_time - s.first_time) / 1e6);
+  out += fmt::format("  live before the window    {} blocks, {}\n", t.live_before.size(),
+                     bytes_text(s.live_before_bytes));
+  out += fmt::format("  peak_live                 {}\n", bytes_text(t.peak_live()));
+  out += fmt::format("  allocations               {} ({} distinct sizes, largest {}, {} in all)\n",
+                     s.ops[0], s.distinct_sizes.size(), format_bytes(s.largest),
+                     format_bytes(s.allocated_bytes));
+  out += recorded_text(t.recorded);
+  return out + histogram_text(s.sizes);
+}
+
+nlohmann::ordered_json info_json(const trace::Trace& t, const std::vector<int>& devices) {
+  const Summary s = summarize(t);
+  nlohmann::ordered_json j;
+  j["trace"] = t.source;
+  j["format"] = t.format;
+  j["device"] = t.device;
+  j["devices"] = devices;
+  j["streams"] = t.streams;
+  j["events"] = t.events.size();
+  j["allocs"] = s.ops[0];
+  j["frees"] = s.ops[1];
+  j["synchronizes"] = s.ops[2];
+  j["empty_caches"] = s.ops[3];
+  j["live_before_blocks"] = t.live_before.size();
+  j["live_before_bytes"] = s.live_before_bytes;
+  j["peak_live"] = t.peak_live();
+  j["distinct_sizes"] = s.distinct_sizes.size();
+  j["largest_allocation"] = s.largest;
+  const auto& r = t.recorded;
+  j["recorded_initial_reserved"] = r.initial_reserved ? nlohmann::ordered_json(*r.initial_reserved)
+                                                      : nlohmann::ordered_json(nullptr);
+  j["recorded_peak_reserved"] =
+      r.peak_reserved ? nlohmann::ordered_json(*r.peak_reserved) : nlohmann::ordered_json(nullptr);
+  j["recorded_segment_events"] = r.segment_events.size();
+  j["recorded_ooms"] = r.ooms.size();
+  nlohmann::ordered_json histogram = nlohmann::ordered_json::array();
+  for (std::size_t k = 0; k < s.sizes.count.size(); ++k) {
+    if (s.sizes.count[k] == 0) continue;
+    histogram.push_back({{"from", k == 0 ? 0 : std::uint64_t{1} << k},
+                         {"count", s.sizes.count[k]},
+                         {"bytes", s.sizes.bytes[k]}});
+  }
+  j["size_histogram"] = std::move(histogram);
+  return j;
+}
+
+int run_info(const InfoArgs& args) {
+  const trace::ReadOptions options = read_options(args.input);
+  const trace::Trace t = trace::read_trace(args.trace, options);
+  trace::ReadOptions listing = options;
+  listing.device.reset();
+  const std::vector<int> devices = trace::list_devices(args.trace, listing);
+  if (args.json)
+    std::cout << info_json(t, devices).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+  else std::cout << info_text(t, devices);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_info_command(CLI::App& parent) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* app = parent.add_subcommand(
+      "info",
+      "Describe a trace: format, devices, streams, events, blocks live before the window, "
+      "peak_live, PyTorch's recorded reserved memory, and a histogram of allocation sizes");
+  app->add_option("trace", args->trace, "The trace file")->required();
+  add_trace_options(*app, args->input);
+  app->add_flag("--json", args->json, "Print JSON instead of text");
+  app->footer(kExitCodesHelp);
+  return {app, [args](const std::string&) { return run_info(*args); }};
+}
+
+}  // namespace cistern::cli

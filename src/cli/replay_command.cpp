@@ -1,0 +1,337 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// `cistern replay TRACE...`: reads the traces, runs every (trace, policy) pair through the
+// replay engine in parallel, adds PyTorch's recorded figures for snapshots, and reports them as
+// a table, JSON and/or HTML. Exits 4 if any replay ran out of memory at --capacity.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cistern/errors.hpp"
+#include "cistern/types.hpp"
+#include "cli/cli.hpp"
+#include "cli/progress.hpp"
+#include "cli/report.hpp"
+#include "cli/trace_args.hpp"
+#include "replay/engine.hpp"
+#include "trace/readers.hpp"
+
+#ifndef CISTERN_VERSION
+#define CISTERN_VERSION "unknown"
+#endif
+
+namespace cistern::cli {
+namespace {
+
+constexpr const char* kReplayExamples =
+    "Examples:\n"
+    "  cistern replay memory.pickle.gz\n"
+    "  cistern replay --min-capacity --html report.html traces/*.pickle.gz\n"
+    "  cistern replay -p torch,cistern:expandable_segments=true --capacity 24GiB trace.csv\n"
+    "  cistern replay --json - trace.json.gz | jq '.results[] | {policy, overhead}'\n\n";
+
+struct ReplayArgs {
+  std::vector<std::string> traces;
+  std::string policies = "cistern,torch,nocache";
+  std::string capacity = "80GiB";
+  bool min_capacity = false;
+  std::string start = "cold";
+  std::string json;
+  std::string html;
+  TraceArgs input;
+  unsigned threads = 0;
+  std::size_t timeline_points = 2000;
+  bool check = false;
+  bool quiet = false;
+  std::string command_line;
+};
+
+/// What the command line asks for, validated before any trace is read.
+struct ReplayPlan {
+  std::vector<replay::Policy> policies;
+  replay::Options options;
+  trace::ReadOptions read;
+};
+
+/// Fails before any work is done when an output file could not be written at the end.
+void require_writable(const std::string& path, const char* flag) {
+  if (path.empty() || path == "-") return;
+  std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (folder.empty()) folder = ".";
+  std::error_code error;
+  if (!std::filesystem::is_directory(folder, error) || access(folder.c_str(), W_OK) != 0)
+    throw UsageError(
+        fmt::format("{}: cannot write '{}': no writable folder '{}'", flag, path, folder.string()));
+}
+
+/// The policies a warm start needs to accept, named in the error if one does not.
+void require_warm_policies(const std::vector<replay::Policy>& policies) {
+  for (const replay::Policy& policy : policies) {
+    if (policy.supports_warm_start()) continue;
+    std::string able;
+    for (const char* name : {"cistern", "torch", "nocache"})
+      if (replay::Policy::parse(name).supports_warm_start())
+        able += (able.empty() ? "" : ", ") + std::string(name);
+    throw UsageError(fmt::format(
+        "--start warm: policy '{}' cannot start from PyTorch's recorded cache (policies that "
+        "can: {}); use --start cold to compare policies",
+        policy.label, able.empty() ? "none" : able));
+  }
+}
+
+ReplayPlan make_plan(const ReplayArgs& args) {
+  ReplayPlan plan;
+  try {
+    plan.policies = replay::Policy::parse_list(args.policies);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(std::string("--policy: ") + e.what());
+  }
+  if (plan.policies.empty()) throw UsageError("--policy: no policy given");
+  try {
+    plan.options.capacity = parse_bytes(args.capacity);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(std::string("--capacity: ") + e.what());
+  }
+  if (plan.options.capacity == 0) throw UsageError("--capacity: must be more than 0 bytes");
+  plan.options.start = args.start == "warm" ? replay::Start::warm : replay::Start::cold;
+  if (plan.options.start == replay::Start::warm) require_warm_policies(plan.policies);
+  plan.options.check_invariants = args.check;
+  if (!args.html.empty()) {
+    plan.options.timeline_points = args.timeline_points;
+    plan.options.segment_map_at_peak = true;
+  }
+  plan.read = read_options(args.input);
+  if (args.json == "-" && args.html == "-")
+    throw UsageError("--json - and --html - cannot both write to stdout");
+  require_writable(args.json, "--json");
+  require_writable(args.html, "--html");
+  return plan;
+}
+
+/// Reads every trace, a few at a time in parallel (each may take much memory while it is
+/// parsed); rethrows the first reader error in command-line order.
+std::vector<trace::Trace> read_traces(const std::vector<std::string>& paths,
+                                      const trace::ReadOptions& options, unsigned threads) {
+  const std::size_t batch =
+      threads != 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<trace::Trace> traces;
+  traces.reserve(paths.size());
+  for (std::size_t first = 0; first < paths.size(); first += batch) {
+    std::vector<std::future<trace::Trace>> pending;
+    for (std::size_t i = first; i < std::min(paths.size(), first + batch); ++i)
+      pending.push_back(std::async(std::launch::async, [&path = paths[i], &options] {
+        return trace::read_trace(path, options);
+      }));
+    for (auto& future : pending) traces.push_back(future.get());
+  }
+  return traces;
+}
+
+void require_warm_startable(const std::vector<trace::Trace>& traces) {
+  for (const trace::Trace& t : traces) {
+    if (t.format != "pytorch")
+      throw UsageError(fmt::format("--start warm needs PyTorch snapshots; {} is a {} trace",
+                                   t.source, t.format));
+  }
+}
+
+std::uint64_t bytes_live_before(const trace::Trace& t) {
+  std::uint64_t total = 0;
+  for (const trace::LiveBlock& block : t.live_before) total += block.size;
+  return total;
+}
+
+std::vector<const trace::Trace*> pointers_to(const std::vector<trace::Trace>& traces) {
+  std::vector<const trace::Trace*> pointers;
+  pointers.reserve(traces.size());
+  for (const trace::Trace& t : traces) pointers.push_back(&t);
+  return pointers;
+}
+
+std::vector<replay::Result> replay_all(const std::vector<const trace::Trace*>& pointers,
+                                       const ReplayPlan& plan, const ReplayArgs& args) {
+  Progress progress("replay", !args.quiet);
+  std::vector<replay::Result> results = replay::run_all(
+      pointers, plan.policies, plan.options, args.min_capacity, args.threads,
+      [&progress](std::size_t done, std::size_t total) { progress.update(done, total); });
+  progress.finish();
+  const bool has_recorded =
+      std::any_of(results.begin(), results.end(),
+                  [](const replay::Result& r) { return r.policy == "recorded"; });
+  if (!has_recorded) {
+    for (const trace::Trace* t : pointers)
+      if (std::optional<replay::Result> r = replay::recorded(*t, plan.options))
+        results.push_back(std::move(*r));
+  }
+  return results;
+}
+
+std::string now_iso8601() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &utc);
+  return text;
+}
+
+void write_file(const std::string& path, const std::string& content, const char* flag) {
+  if (path == "-") {
+    std::cout << content << std::flush;
+    return;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+  out.close();
+  if (!out) throw UsageError(fmt::format("{}: cannot write '{}'", flag, path));
+}
+
+bool any_oom(const std::vector<TraceResults>& groups) {
+  for (const TraceResults& t : groups)
+    for (const replay::Result& r : t.results)
+      if (r.policy != "recorded" && r.ooms > 0) return true;
+  return false;
+}
+
+/// Tells what went wrong on stderr and chooses the exit status: 3 if a trace could not be
+/// replayed under some policy (the table and the JSON say which), else 4 if a replay ran out of
+/// memory, else 0. Notes (caveats about a figure) are printed but do not fail the run.
+int exit_status(const std::vector<TraceResults>& groups, const ReplayArgs& args) {
+  bool failed = false;
+  for (const TraceResults& t : groups) {
+    for (const replay::Result& r : t.results) {
+      if (!r.note.empty())
+        std::cerr << "cistern: note: " << t.trace << ": " << r.policy << ": " << r.note << "\n";
+      if (!r.error.empty()) {
+        std::cerr << "cistern: " << t.trace << ": " << r.policy << ": " << r.error << "\n";
+        failed = true;
+      }
+    }
+  }
+  if (failed) return kExitBadInput;
+  if (any_oom(groups)) {
+    std::cerr << "cistern: out of memory: some replays failed allocations at --capacity "
+              << args.capacity << " (the ooms column); try a larger --capacity\n";
+    return kExitOutOfMemory;
+  }
+  return kExitOk;
+}
+
+int run_replay(const ReplayArgs& args) {
+  const ReplayPlan plan = make_plan(args);
+  const std::vector<trace::Trace> traces = read_traces(args.traces, plan.read, args.threads);
+  if (plan.options.start == replay::Start::warm) require_warm_startable(traces);
+  const std::vector<const trace::Trace*> pointers = pointers_to(traces);
+  const std::vector<TraceResults> groups =
+      group_results(pointers, replay_all(pointers, plan, args), args.start);
+
+  const bool stdout_taken = args.json == "-" || args.html == "-";
+  if (!stdout_taken && !args.quiet) std::cout << format_table(groups, plan.options.capacity);
+  if (!args.json.empty()) write_file(args.json, format_json(groups), "--json");
+  if (!args.html.empty()) {
+    const ReportInfo info{CISTERN_VERSION, now_iso8601(), args.command_line, plan.options.capacity};
+    write_file(args.html, format_html(groups, info), "--html");
+  }
+  return exit_status(groups, args);
+}
+
+}  // namespace
+
+std::vector<TraceResults> group_results(const std::vector<const trace::Trace*>& traces,
+                                        std::vector<replay::Result> results,
+                                        const std::string& start) {
+  std::vector<TraceResults> groups;
+  for (const trace::Trace* t : traces) {
+    TraceResults g;
+    g.trace = t->source;
+    g.format = t->format;
+    g.device = t->device;
+    g.start = start;
+    g.peak_live = t->peak_live();
+    g.allocations = t->allocations();
+    g.events = t->events.size();
+    g.live_before = bytes_live_before(*t);
+    groups.push_back(std::move(g));
+  }
+  for (replay::Result& r : results) {
+    auto group = std::find_if(groups.begin(), groups.end(), [&r](const TraceResults& g) {
+      return g.trace == r.trace && g.device == r.device;
+    });
+    if (group == groups.end()) {  // not from a listed trace: report it on its own
+      TraceResults g;
+      g.trace = r.trace;
+      g.device = r.device;
+      g.start = start;
+      g.peak_live = r.peak_live;
+      groups.push_back(std::move(g));
+      group = groups.end() - 1;
+    }
+    group->results.push_back(std::move(r));
+  }
+  for (TraceResults& g : groups) {
+    std::stable_partition(g.results.begin(), g.results.end(),
+                          [](const replay::Result& r) { return r.policy == "recorded"; });
+  }
+  return groups;
+}
+
+Command add_replay_command(CLI::App& parent) {
+  auto args = std::make_shared<ReplayArgs>();
+  CLI::App* app = parent.add_subcommand(
+      "replay",
+      "Replay allocation traces under allocator policies on a simulated device and report "
+      "peak_live, peak reserved, overhead, min capacity, OOMs, device calls and speed");
+  app->add_option("trace", args->traces,
+                  "Trace files: PyTorch snapshots (.pickle[.gz]), lifetime lists (.csv), RMM "
+                  "logs, Kineto traces (.json[.gz]), cistern traces")
+      ->required();
+  app->add_option("--policy,-p", args->policies,
+                  "Comma-separated policies: cistern, torch (PyTorch emulation), nocache; "
+                  "options after a colon, e.g. cistern:max_split_size_mb=256,torch")
+      ->capture_default_str();
+  app->add_option("--capacity,-c", args->capacity, "Simulated device capacity, e.g. 80GiB, 24GB")
+      ->capture_default_str();
+  app->add_flag("--min-capacity", args->min_capacity,
+                "Also find the smallest capacity (to 2 MiB) with no out-of-memory (bisection)");
+  app->add_option("--start", args->start,
+                  "cold: blocks live before the window are allocated on an empty device; warm: "
+                  "start from PyTorch's recorded cache (PyTorch snapshots only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cold", "warm"}));
+  app->add_option("--json", args->json,
+                  "Write the results as JSON to FILE ('-': stdout, instead of the table)")
+      ->type_name("FILE");
+  app->add_option("--html", args->html,
+                  "Write a self-contained HTML report (timelines, segment maps) to FILE "
+                  "('-': stdout)")
+      ->type_name("FILE");
+  add_trace_options(*app, args->input);
+  app->add_option("--threads,-j", args->threads, "Replays to run at once (0: one per core)")
+      ->capture_default_str();
+  app->add_option("--timeline-points", args->timeline_points,
+                  "Samples per timeline in the HTML report")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1000000));
+  app->add_flag("--check", args->check,
+                "Check the allocator's invariants after every event (slow)");
+  app->add_flag("--quiet,-q", args->quiet, "No table and no progress bar");
+  app->footer(std::string(kReplayExamples) + kExitCodesHelp);
+  return {app, [args](const std::string& command_line) {
+            args->command_line = command_line;
+            return run_replay(*args);
+          }};
+}
+
+}  // namespace cistern::cli

@@ -1,0 +1,73 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The three renderings of replay results: the text table (terminal), JSON (scripts), and a
+// self-contained HTML report (people). All of them take the results grouped per trace; none
+// of them runs anything.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "replay/engine.hpp"
+
+namespace cistern::cli {
+
+/// The results of one trace: every policy's row (PyTorch's "recorded" row first, if any) and
+/// what the report says about the trace itself.
+struct TraceResults {
+  std::string trace;   ///< the path as the user wrote it
+  std::string format;  ///< "pytorch", "lifetimes", ...
+  int device = 0;
+  std::string start = "cold";  ///< "cold" or "warm"
+  std::uint64_t peak_live = 0;
+  std::uint64_t allocations = 0;  ///< alloc events in the window
+  std::uint64_t events = 0;       ///< all events in the window
+  std::uint64_t live_before = 0;  ///< bytes live when the window opened
+  std::vector<replay::Result> results;
+};
+
+/// Groups `results` (in any order) by trace and device, keeping the first-seen order of traces
+/// and putting the "recorded" row first in each group. `traces` supplies the per-trace facts;
+/// it is matched by source path and device.
+std::vector<TraceResults> group_results(const std::vector<const trace::Trace*>& traces,
+                                        std::vector<replay::Result> results,
+                                        const std::string& start);
+
+// --- text table ---------------------------------------------------------------------------------
+
+/// The table printed by `cistern replay`: one block per trace, one row per policy, sizes in
+/// human units. Fits a 100-column terminal for policy labels up to 22 characters; longer
+/// labels get a line of their own.
+std::string format_table(const std::vector<TraceResults>& traces, std::uint64_t capacity);
+
+/// "4.01%" for an overhead fraction, "-" for none.
+std::string format_percent(const std::optional<double>& fraction);
+/// "1.032" for min_capacity / peak_live, "-" when either is missing or zero.
+std::string format_ratio(const std::optional<std::uint64_t>& min_capacity, std::uint64_t peak_live);
+
+// --- JSON ---------------------------------------------------------------------------------------
+
+/// `{"version": ..., "results": [row, ...]}` with one row per result, sizes in bytes and null
+/// where a figure was not computed. Fields: trace, device, policy, start, capacity, peak_live,
+/// peak_reserved, overhead, min_capacity, events, ooms, device_allocs, device_frees,
+/// device_maps, device_unmaps, ns_per_op, device_ms, error.
+std::string format_json(const std::vector<TraceResults>& traces);
+
+// --- HTML ---------------------------------------------------------------------------------------
+
+/// Facts about the run that the HTML report prints in its header.
+struct ReportInfo {
+  std::string version;       ///< cistern's version
+  std::string generated;     ///< when, as text (ISO 8601)
+  std::string command_line;  ///< how the report was made
+  std::uint64_t capacity = 0;
+};
+
+/// A self-contained HTML page (inline CSS, SVG and a little JS; nothing fetched): per trace a
+/// memory timeline (live bytes and every policy's reserved bytes), the results table, and the
+/// segment map at each policy's peak.
+std::string format_html(const std::vector<TraceResults>& traces, const ReportInfo& info);
+
+}  // namespace cistern::cli

@@ -1,0 +1,61 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// `cistern replay --json`: one flat row per (trace, policy), sizes in bytes, null where a figure
+// was not computed, keys in a fixed order so that diffs of two runs read well.
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "cli/report.hpp"
+
+#ifndef CISTERN_VERSION
+#define CISTERN_VERSION "unknown"
+#endif
+
+namespace cistern::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+template <class T>
+Json or_null(const std::optional<T>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+
+Json row(const replay::Result& r) {
+  Json j;
+  j["trace"] = r.trace;
+  j["device"] = r.device;
+  j["policy"] = r.policy;
+  j["start"] = r.start;
+  j["capacity"] = or_null(r.capacity);
+  j["peak_live"] = r.peak_live;
+  j["peak_reserved"] = or_null(r.peak_reserved);
+  j["overhead"] = or_null(r.overhead);
+  j["min_capacity"] = or_null(r.min_capacity);
+  j["events"] = r.events;
+  j["ooms"] = r.ooms;
+  j["device_allocs"] = r.device_allocs;
+  j["device_frees"] = r.device_frees;
+  j["device_maps"] = r.device_maps;
+  j["device_unmaps"] = r.device_unmaps;
+  j["ns_per_op"] = or_null(r.ns_per_op);
+  j["device_ms"] = or_null(r.device_ms);
+  j["error"] = r.error.empty() ? Json(nullptr) : Json(r.error);
+  return j;
+}
+
+}  // namespace
+
+std::string format_json(const std::vector<TraceResults>& traces) {
+  Json rows = Json::array();
+  for (const TraceResults& t : traces)
+    for (const replay::Result& r : t.results) rows.push_back(row(r));
+  Json doc;
+  doc["version"] = CISTERN_VERSION;
+  doc["results"] = std::move(rows);
+  // Invalid UTF-8 in a path must not abort the report: replace it.
+  return doc.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace cistern::cli

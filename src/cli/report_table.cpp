@@ -1,0 +1,99 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The text table of `cistern replay`: one block per trace, one row per policy.
+//
+//   pytorch/DeComFL/memory.pickle.gz
+//     device 0, cold start, 7946 allocations, peak_live 1.66 GiB (1783664516 bytes)
+//     policy                 peak_reserved  overhead  min_cap/live  ooms  dev allocs/frees  ns/op
+//     recorded                    1.77 GiB     6.41%             -     -                 -      -
+//     cistern                     1.70 GiB     2.10%         1.021     0            41 / 0   61.3
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cli/report.hpp"
+
+namespace cistern::cli {
+namespace {
+
+constexpr std::size_t kPolicyWidth = 22;
+constexpr const char* kIndent = "  ";
+
+std::string format_count(std::uint64_t value) { return fmt::format("{}", value); }
+
+std::string format_device_calls(const replay::Result& r) {
+  std::string text = fmt::format("{} / {}", r.device_allocs, r.device_frees);
+  if (r.device_maps != 0 || r.device_unmaps != 0)
+    text += fmt::format(" +{}m/{}u", r.device_maps, r.device_unmaps);
+  return text;
+}
+
+std::string format_ns(const std::optional<double>& ns) {
+  if (!ns) return "-";
+  return *ns < 100 ? fmt::format("{:.1f}", *ns) : fmt::format("{:.0f}", *ns);
+}
+
+std::string row_line(const std::string& policy, const std::string& reserved,
+                     const std::string& overhead, const std::string& ratio, const std::string& ooms,
+                     const std::string& calls, const std::string& ns) {
+  return fmt::format("{}{:<{}} {:>14} {:>9} {:>13} {:>5} {:>17} {:>7}\n", kIndent, policy,
+                     kPolicyWidth, reserved, overhead, ratio, ooms, calls, ns);
+}
+
+std::string format_row(const replay::Result& r, std::uint64_t peak_live) {
+  std::string out;
+  std::string label = r.policy;
+  if (label.size() > kPolicyWidth) {  // a long option list: its own line, then the figures
+    out += fmt::format("{}{}\n", kIndent, label);
+    label.clear();
+  }
+  if (!r.error.empty())
+    return out + fmt::format("{}{:<{}} error: {}\n", kIndent, label, kPolicyWidth, r.error);
+  return out + row_line(label, r.peak_reserved ? format_bytes(*r.peak_reserved) : "-",
+                        format_percent(r.overhead), format_ratio(r.min_capacity, peak_live),
+                        format_count(r.ooms), format_device_calls(r), format_ns(r.ns_per_op));
+}
+
+std::string format_block(const TraceResults& t) {
+  std::string out = t.trace + "\n";
+  out += fmt::format("{}device {}, {} start, {} allocations, peak_live {} ({} bytes)", kIndent,
+                     t.device, t.start, t.allocations, format_bytes(t.peak_live), t.peak_live);
+  if (t.live_before != 0) out += fmt::format(", {} live before", format_bytes(t.live_before));
+  out += "\n";
+  out += row_line("policy", "peak_reserved", "overhead", "min_cap/live", "ooms", "dev allocs/frees",
+                  "ns/op");
+  for (const replay::Result& r : t.results) out += format_row(r, t.peak_live);
+  return out;
+}
+
+}  // namespace
+
+std::string format_percent(const std::optional<double>& fraction) {
+  if (!fraction) return "-";
+  return fmt::format("{:.2f}%", *fraction * 100.0);
+}
+
+std::string format_ratio(const std::optional<std::uint64_t>& min_capacity,
+                         std::uint64_t peak_live) {
+  if (!min_capacity || *min_capacity == 0 || peak_live == 0) return "-";
+  return fmt::format("{:.3f}", static_cast<double>(*min_capacity) / static_cast<double>(peak_live));
+}
+
+std::string format_table(const std::vector<TraceResults>& traces, std::uint64_t capacity) {
+  std::string out;
+  for (const TraceResults& t : traces) {
+    if (!out.empty()) out += "\n";
+    out += format_block(t);
+  }
+  if (!traces.empty()) {
+    out += fmt::format(
+        "\ncapacity {}; overhead = peak_reserved / peak_live - 1; min_cap/live = the smallest "
+        "capacity\nwith no out-of-memory (to 2 MiB) / peak_live; ns/op = allocator host time "
+        "per alloc/free.\n",
+        format_bytes(capacity));
+  }
+  return out;
+}
+
+}  // namespace cistern::cli
