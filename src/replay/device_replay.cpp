@@ -149,7 +149,8 @@ class TimedDevice final : public Device {
   }
   double granules(std::size_t bytes) const noexcept {
     const std::size_t g = device_.granularity();
-    return static_cast<double>((bytes + g - 1) / g);
+    const std::size_t whole = (bytes + g - 1) / g;  // a partial granule costs a whole one
+    return static_cast<double>(whole);
   }
   void remember(void* ptr, std::size_t bytes) noexcept {
     try {
@@ -300,8 +301,7 @@ class DeviceReplay {
     Result& row = r.result;
     row.peak_reserved = peak_reserved_;
     if (row.peak_live > 0) {
-      row.overhead =
-          static_cast<double>(peak_reserved_) / static_cast<double>(row.peak_live) - 1.0;
+      row.overhead = static_cast<double>(peak_reserved_) / static_cast<double>(row.peak_live) - 1.0;
     }
     row.ooms = ooms_;
     row.device_allocs = timed_.allocs();
@@ -339,8 +339,9 @@ class DeviceReplay {
 DeviceResult run_on_device(const trace::Trace& trace, const Policy& policy, Device& device,
                            const DeviceHooks& hooks, const Options& options) {
   if (options.start != Start::cold) {
-    throw InvalidArgument("replay on a device: only a cold start is possible (a warm start "
-                          "places blocks at recorded addresses)");
+    throw InvalidArgument(
+        "replay on a device: only a cold start is possible (a warm start "
+        "places blocks at recorded addresses)");
   }
   const detail::Plan plan = detail::compile(trace);
   const std::string label = policy.label.empty() ? policy.name : policy.label;
