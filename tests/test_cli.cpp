@@ -435,4 +435,32 @@ TEST_F(Cli, HtmlReportIsSelfContainedAndCarriesTheData) {
   EXPECT_LT(page.size(), 4u << 20);
 }
 
+// --- --backend cuda ----------------------------------------------------------------------------
+
+TEST_F(Cli, BackendCudaWithoutAGpuExitsFiveAndSaysWhy) {
+  const fs::path csv = lifetimes("small.csv", {1000, 3u << 20, 512});
+  const Outcome o = run("replay --backend cuda --touch --json - " + quote(csv.string()));
+  if (o.code == 0) {  // a GPU is here: the JSON names it and the backend
+    const json doc = json::parse(o.out);
+    EXPECT_EQ(doc.at("backend"), "cuda");
+    EXPECT_EQ(doc.at("touch"), true);
+    EXPECT_EQ(doc.at("results").size(), 3u);
+    return;
+  }
+  EXPECT_EQ(o.code, 5) << o.err;
+  EXPECT_TRUE(o.err.find("cistern: no CUDA device can be used") != std::string::npos ||
+              o.err.find("built without the CUDA toolkit") != std::string::npos)
+      << o.err;
+  EXPECT_EQ(o.out, "");
+}
+
+TEST_F(Cli, BackendCudaRefusesWhatOnlyTheSimulatedDeviceCanDo) {
+  const fs::path csv = lifetimes("small.csv", {1000, 2000});
+  for (const char* flags : {"--backend cuda --min-capacity", "--backend cuda --html x.html",
+                            "--backend cuda --start warm", "--touch"}) {
+    const Outcome o = run(std::string("replay ") + flags + " " + quote(csv.string()));
+    EXPECT_EQ(o.code, 2) << flags << "\n" << o.err;
+  }
+}
+
 }  // namespace

@@ -21,13 +21,14 @@ enum ExitCode : int {
   kExitUsage = 2,        ///< bad command line: unknown flag, bad value, unknown policy
   kExitBadInput = 3,     ///< a trace is missing, unreadable or malformed
   kExitOutOfMemory = 4,  ///< a replay ran out of memory at the given capacity
+  kExitNoDevice = 5,     ///< --backend cuda: no usable GPU (or built without CUDA)
 };
 
 /// The exit-code paragraph shown at the end of every `--help`.
 inline constexpr const char* kExitCodesHelp =
     "Exit status: 0 success, 2 usage error (unknown flag, bad value, unknown policy),\n"
     "3 bad input (missing, unreadable or malformed trace), 4 a replay ran out of memory at\n"
-    "the given --capacity, 1 internal error.";
+    "the given --capacity, 5 no usable GPU for --backend cuda, 1 internal error.";
 
 /// A command line that parses but cannot be carried out as written (an unknown policy, a bad
 /// --capacity, a combination of flags that makes no sense). Exits with `kExitUsage`.

@@ -149,8 +149,8 @@ class TimedDevice final : public Device {
   }
   double granules(std::size_t bytes) const noexcept {
     const std::size_t g = device_.granularity();
-    const std::size_t whole = (bytes + g - 1) / g;  // a partial granule costs a whole one
-    return static_cast<double>(whole);
+    const std::size_t count = (bytes + g - 1) / g;
+    return static_cast<double>(count);
   }
   void remember(void* ptr, std::size_t bytes) noexcept {
     try {
@@ -225,8 +225,8 @@ class DeviceReplay {
     }
     const double loop_ms = ms_since(began);
     const double loop_device_ms = timed_.times().total_ms() - device_ms_before;
+    fill(r, loop_ms, loop_device_ms);  // the trace's figures, before the clean-up's frees
     clean_up();
-    fill(r, loop_ms, loop_device_ms);
   }
 
  private:

@@ -1,0 +1,468 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// CudaVmmDevice: the virtual-memory part of the device contract over the driver API
+// (include/cistern/cuda_device.hpp).
+//
+// The driver's functions come from cudaGetDriverEntryPointByVersion (cuda_api.cpp). Physical
+// memory is pinned device memory of this GPU (`cuMemCreate`, no shareable handle), mapped with
+// read-write access for this GPU only. Reservations, handles and mappings are tracked here and
+// every request is checked against them first, so that the contract's `invalid_argument` cases
+// never depend on what a driver version happens to accept, and a failed call changes nothing.
+// An unmap of several mappings unmaps them one by one, because `cuMemUnmap` takes exactly the
+// range of one earlier `cuMemMap`.
+#include <fmt/format.h>
+
+#include <iterator>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "cistern/cuda_device.hpp"
+#include "cistern/errors.hpp"
+#include "cuda/cuda_device_state.hpp"
+
+namespace cistern {
+namespace detail {
+
+/// One `map` call: [start, end) backed by a physical handle.
+struct CudaMapping {
+  std::uintptr_t end = 0;
+  CUmemGenericAllocationHandle handle = 0;
+};
+
+/// The virtual-memory state of a CudaVmmDevice. Invariants: reservations are disjoint; every
+/// mapping lies inside one reservation, and mappings are disjoint; `physical` holds the handles
+/// created and not yet released (a released handle may still be mapped: the driver keeps its
+/// memory until the last mapping goes).
+struct CudaVmmState {
+  CudaDriverApi driver;
+  std::size_t granularity = 0;
+  /// Guards the tracking below. `map` and `unmap` hold it across their driver calls, so that no
+  /// other thread sees a range half mapped; the driver calls never call back into the device.
+  mutable std::mutex mutex;
+  std::map<std::uintptr_t, std::size_t> reservations;                      ///< start -> bytes
+  std::unordered_map<CUmemGenericAllocationHandle, std::size_t> physical;  ///< handle -> bytes
+  std::map<std::uintptr_t, CudaMapping> mappings;                          ///< start -> mapping
+};
+
+}  // namespace detail
+
+using detail::CudaDeviceState;
+using detail::CudaVmmState;
+using detail::hex;
+
+namespace {
+
+bool is_power_of_two(std::size_t value) { return value != 0 && (value & (value - 1)) == 0; }
+
+std::uintptr_t address_of(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
+
+/// Pinned memory on the device, as cuMemCreate and cuMemGetAllocationGranularity take it.
+CUmemAllocationProp allocation_properties(int ordinal) {
+  CUmemAllocationProp properties{};
+  properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  properties.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  properties.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  properties.location.id = ordinal;
+  return properties;
+}
+
+/// The driver's name and description of an error ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory").
+std::pair<std::string, std::string> driver_error_text(const detail::CudaDriverApi& driver,
+                                                      CUresult error) {
+  const char* name = nullptr;
+  const char* description = nullptr;
+  if (driver.get_error_name == nullptr || driver.get_error_name(error, &name) != CUDA_SUCCESS ||
+      name == nullptr) {
+    return {fmt::format("CUresult {}", static_cast<int>(error)), "unknown error"};
+  }
+  if (driver.get_error_string == nullptr ||
+      driver.get_error_string(error, &description) != CUDA_SUCCESS || description == nullptr) {
+    description = "no description";
+  }
+  return {name, description};
+}
+
+/// The status of a failed driver call `call` made for `op`, with the detail recorded; `what()`
+/// describes the request and runs only here, on the failure path.
+template <class What>
+Status driver_failure(CudaDeviceState& state, const CudaVmmState& vmm, CUresult error, DeviceOp op,
+                      const char* call, What&& what) noexcept {
+  if (error == CUDA_ERROR_DEINITIALIZED) return state.at_shutdown(op, call);
+  const Status status = detail::status_of(error);
+  try {
+    const auto [name, description] = driver_error_text(vmm.driver, error);
+    return state.fail(
+        status, CudaDeviceState::describe_failure(what(), call, name.c_str(), description.c_str()));
+  } catch (...) {
+    return state.fail(status, op, call);
+  }
+}
+
+/// Loads the driver table and checks that the device supports virtual memory management.
+std::unique_ptr<CudaVmmState> open_vmm(const CudaDeviceState& state) {
+  auto opened = std::make_unique<CudaVmmState>();
+  CudaVmmState& vmm = *opened;
+  vmm.driver = detail::load_cuda_driver_api(state.api);
+  const int ordinal = state.ordinal();
+  auto fail = [&](const char* call, CUresult error) {
+    const auto [name, description] = driver_error_text(vmm.driver, error);
+    return DeviceError("open", fmt::format("cistern: CUDA device {}: {} failed: {} ({})", ordinal,
+                                           call, name, description));
+  };
+  CUdevice device = 0;
+  if (const CUresult error = vmm.driver.device_get(&device, ordinal); error != CUDA_SUCCESS) {
+    throw fail("cuDeviceGet", error);
+  }
+  int supported = 0;
+  if (const CUresult error = vmm.driver.device_get_attribute(
+          &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
+      error != CUDA_SUCCESS) {
+    throw fail("cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)", error);
+  }
+  if (supported == 0) {
+    throw DeviceError("open", fmt::format("cistern: CUDA device {} ({}) does not support virtual "
+                                          "memory management; use CudaDevice instead",
+                                          ordinal, state.product));
+  }
+  const CUmemAllocationProp properties = allocation_properties(ordinal);
+  if (const CUresult error = vmm.driver.mem_get_allocation_granularity(
+          &vmm.granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      error != CUDA_SUCCESS) {
+    throw fail("cuMemGetAllocationGranularity", error);
+  }
+  if (!is_power_of_two(vmm.granularity)) {
+    throw DeviceError("open", fmt::format("cistern: CUDA device {}: the allocation granularity {} "
+                                          "is not a power of two",
+                                          ordinal, vmm.granularity));
+  }
+  return opened;
+}
+
+/// The reservation that contains [start, start + bytes), if one does.
+std::optional<std::uintptr_t> containing_reservation(const CudaVmmState& vmm, std::uintptr_t start,
+                                                     std::size_t bytes) {
+  const auto next = vmm.reservations.upper_bound(start);
+  if (next == vmm.reservations.begin()) return std::nullopt;
+  const auto [base, size] = *std::prev(next);
+  if (start - base >= size || size - (start - base) < bytes) return std::nullopt;
+  return base;
+}
+
+/// Whether [start, end) overlaps a mapping.
+bool overlaps_mapping(const CudaVmmState& vmm, std::uintptr_t start, std::uintptr_t end) {
+  const auto next = vmm.mappings.lower_bound(start);
+  if (next != vmm.mappings.end() && next->first < end) return true;
+  return next != vmm.mappings.begin() && std::prev(next)->second.end > start;
+}
+
+/// Why mapping [start, start + bytes) to `offset` of `handle` must be refused, if it must: an
+/// unknown handle, a range outside it or outside one reservation, or one already mapped.
+std::optional<std::string> refuse_map(const CudaVmmState& vmm, std::uintptr_t start,
+                                      std::size_t bytes, CUmemGenericAllocationHandle handle,
+                                      std::size_t offset) {
+  const auto found = vmm.physical.find(handle);
+  if (found == vmm.physical.end()) {
+    return fmt::format("map: unknown or released physical handle {}", hex(handle));
+  }
+  if (offset > found->second || bytes > found->second - offset) {
+    return fmt::format("map: offset {} + {} lies outside the handle's {}", offset,
+                       format_bytes(bytes), format_bytes(found->second));
+  }
+  if (!containing_reservation(vmm, start, bytes)) {
+    return fmt::format("map({}, {}): the range is not inside one reservation", hex(start),
+                       format_bytes(bytes));
+  }
+  if (overlaps_mapping(vmm, start, start + bytes)) {
+    return fmt::format("map({}, {}): part of the range is already mapped", hex(start),
+                       format_bytes(bytes));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+CudaVmmDevice::CudaVmmDevice(CudaDeviceOptions options)
+    : CudaVmmDevice(detail::cuda_runtime_api(), options) {}
+
+CudaVmmDevice::CudaVmmDevice(const detail::CudaApi& api, CudaDeviceOptions options)
+    : CudaDevice(api, options), vmm_(open_vmm(state())) {}
+
+CudaVmmDevice::~CudaVmmDevice() = default;
+
+std::string CudaVmmDevice::name() const { return CudaDevice::name() + " (vmm)"; }
+
+std::size_t CudaVmmDevice::granularity() const noexcept { return vmm_->granularity; }
+
+bool CudaVmmDevice::supports_virtual_memory() const noexcept { return true; }
+
+Status CudaVmmDevice::reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept {
+  CudaDeviceState& s = state();
+  CudaVmmState& vmm = *vmm_;
+  return s.call(DeviceOp::reserve, [&] {
+    if (va == nullptr) return s.invalid(DeviceOp::reserve, "the result pointer is null");
+    if (alignment == 0) alignment = vmm.granularity;
+    if (bytes == 0 || bytes % vmm.granularity != 0) {
+      return s.invalid(DeviceOp::reserve,
+                       fmt::format("reserve({}): the size must be a positive multiple of the "
+                                   "granularity ({})",
+                                   bytes, format_bytes(vmm.granularity)));
+    }
+    if (!is_power_of_two(alignment) || alignment < vmm.granularity) {
+      return s.invalid(DeviceOp::reserve,
+                       fmt::format("reserve: alignment {} must be a power of two multiple of the "
+                                   "granularity ({})",
+                                   alignment, format_bytes(vmm.granularity)));
+    }
+    CUdeviceptr address = 0;
+    {
+      const auto guard = s.guard(true);
+      if (guard.error() != cudaSuccess) return s.guard_failure(guard, DeviceOp::reserve);
+      const CUresult error = vmm.driver.mem_address_reserve(&address, bytes, alignment, 0, 0);
+      if (error != CUDA_SUCCESS) {
+        return driver_failure(s, vmm, error, DeviceOp::reserve, "cuMemAddressReserve", [&] {
+          return fmt::format("reserve({}, alignment {})", format_bytes(bytes), alignment);
+        });
+      }
+    }
+    try {
+      const std::lock_guard<std::mutex> lock(vmm.mutex);
+      vmm.reservations.emplace(static_cast<std::uintptr_t>(address), bytes);
+    } catch (...) {
+      (void)vmm.driver.mem_address_free(address, bytes);
+      throw;
+    }
+    *va = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
+    return Status::ok;
+  });
+}
+
+Status CudaVmmDevice::release_reservation(void* va, std::size_t bytes) noexcept {
+  CudaDeviceState& s = state();
+  CudaVmmState& vmm = *vmm_;
+  return s.call(DeviceOp::release_reservation, [&] {
+    const std::uintptr_t start = address_of(va);
+    {
+      const std::lock_guard<std::mutex> lock(vmm.mutex);
+      const auto found = vmm.reservations.find(start);
+      if (found == vmm.reservations.end() || found->second != bytes) {
+        return s.invalid(DeviceOp::release_reservation,
+                         fmt::format("release_reservation({}, {}): not a live reservation of "
+                                     "that address and size",
+                                     hex(va), format_bytes(bytes)));
+      }
+      if (overlaps_mapping(vmm, start, start + bytes)) {
+        return s.invalid(DeviceOp::release_reservation,
+                         fmt::format("release_reservation({}): the reservation still has "
+                                     "mappings; unmap them first",
+                                     hex(va)));
+      }
+      vmm.reservations.erase(found);
+    }
+    if (s.skip_release()) return Status::ok;
+    const CUresult error = vmm.driver.mem_address_free(start, bytes);
+    if (error == CUDA_SUCCESS) return Status::ok;
+    const Status status = driver_failure(
+        s, vmm, error, DeviceOp::release_reservation, "cuMemAddressFree",
+        [&] { return fmt::format("release_reservation({}, {})", hex(va), format_bytes(bytes)); });
+    if (status != Status::ok) {
+      const std::lock_guard<std::mutex> lock(vmm.mutex);
+      vmm.reservations.emplace(start, bytes);  // still reserved: a retry can release it
+    }
+    return status;
+  });
+}
+
+Status CudaVmmDevice::create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept {
+  CudaDeviceState& s = state();
+  CudaVmmState& vmm = *vmm_;
+  return s.call(DeviceOp::create_physical, [&] {
+    if (handle == nullptr) return s.invalid(DeviceOp::create_physical, "the result handle is null");
+    if (bytes == 0 || bytes % vmm.granularity != 0) {
+      return s.invalid(DeviceOp::create_physical,
+                       fmt::format("create_physical({}): the size must be a positive multiple of "
+                                   "the granularity ({})",
+                                   bytes, format_bytes(vmm.granularity)));
+    }
+    const CUmemAllocationProp properties = allocation_properties(s.ordinal());
+    CUmemGenericAllocationHandle created = 0;
+    {
+      const auto guard = s.guard(true);
+      if (guard.error() != cudaSuccess) return s.guard_failure(guard, DeviceOp::create_physical);
+      const CUresult error = vmm.driver.mem_create(&created, bytes, &properties, 0);
+      if (error != CUDA_SUCCESS) {
+        return driver_failure(s, vmm, error, DeviceOp::create_physical, "cuMemCreate", [&] {
+          return fmt::format("create_physical({})", format_bytes(bytes));
+        });
+      }
+    }
+    try {
+      const std::lock_guard<std::mutex> lock(vmm.mutex);
+      vmm.physical.emplace(created, bytes);
+    } catch (...) {
+      (void)vmm.driver.mem_release(created);
+      throw;
+    }
+    handle->handle = created;
+    return Status::ok;
+  });
+}
+
+Status CudaVmmDevice::release_physical(PhysicalHandle handle) noexcept {
+  CudaDeviceState& s = state();
+  CudaVmmState& vmm = *vmm_;
+  return s.call(DeviceOp::release_physical, [&] {
+    const CUmemGenericAllocationHandle native = handle.handle;
+    std::size_t bytes = 0;
+    {
+      const std::lock_guard<std::mutex> lock(vmm.mutex);
+      const auto found = vmm.physical.find(native);
+      if (found == vmm.physical.end()) {
+        return s.invalid(
+            DeviceOp::release_physical,
+            fmt::format("release_physical: unknown or already released handle {}", hex(native)));
+      }
+      bytes = found->second;
+      vmm.physical.erase(found);
+    }
+    if (s.skip_release()) return Status::ok;
+    // Releasing needs no current context; the memory stays while a mapping uses it.
+    const CUresult error = vmm.driver.mem_release(native);
+    if (error == CUDA_SUCCESS) return Status::ok;
+    const Status status = driver_failure(
+        s, vmm, error, DeviceOp::release_physical, "cuMemRelease",
+        [&] { return fmt::format("release_physical({}, {})", hex(native), format_bytes(bytes)); });
+    if (status != Status::ok) {
+      const std::lock_guard<std::mutex> lock(vmm.mutex);
+      vmm.physical.emplace(native, bytes);
+    }
+    return status;
+  });
+}
+
+Status CudaVmmDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
+                          std::size_t offset) noexcept {
+  CudaDeviceState& s = state();
+  CudaVmmState& vmm = *vmm_;
+  return s.call(DeviceOp::map, [&] {
+    const std::uintptr_t start = address_of(va);
+    const std::size_t unit = vmm.granularity;
+    if (bytes == 0 || start % unit != 0 || bytes % unit != 0 || offset % unit != 0 ||
+        start > std::numeric_limits<std::uintptr_t>::max() - bytes) {
+      return s.invalid(DeviceOp::map,
+                       fmt::format("map({}, {}, offset {}): address, size and offset must be "
+                                   "multiples of the granularity ({}) and the size positive",
+                                   hex(va), bytes, offset, format_bytes(unit)));
+    }
+    const std::lock_guard<std::mutex> lock(vmm.mutex);  // held across the driver calls
+    if (const auto refusal = refuse_map(vmm, start, bytes, handle.handle, offset)) {
+      return s.invalid(DeviceOp::map, *refusal);
+    }
+    const auto describe = [&] {
+      return fmt::format("map({}, {}, handle {}, offset {})", hex(va), format_bytes(bytes),
+                         hex(handle.handle), offset);
+    };
+    const auto guard = s.guard(true);
+    if (guard.error() != cudaSuccess) return s.guard_failure(guard, DeviceOp::map);
+    const CUresult mapped = vmm.driver.mem_map(start, bytes, offset, handle.handle, 0);
+    if (mapped != CUDA_SUCCESS) {
+      return driver_failure(s, vmm, mapped, DeviceOp::map, "cuMemMap", describe);
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = s.ordinal();
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUresult accessible = vmm.driver.mem_set_access(start, bytes, &access, 1);
+    if (accessible != CUDA_SUCCESS) {
+      (void)vmm.driver.mem_unmap(start, bytes);  // a failed map leaves nothing mapped
+      return driver_failure(s, vmm, accessible, DeviceOp::map, "cuMemSetAccess", describe);
+    }
+    try {
+      vmm.mappings.emplace(start, detail::CudaMapping{start + bytes, handle.handle});
+    } catch (...) {
+      (void)vmm.driver.mem_unmap(start, bytes);
+      throw;
+    }
+    return Status::ok;
+  });
+}
+
+Status CudaVmmDevice::unmap(void* va, std::size_t bytes) noexcept {
+  CudaDeviceState& s = state();
+  CudaVmmState& vmm = *vmm_;
+  return s.call(DeviceOp::unmap, [&] {
+    const std::uintptr_t start = address_of(va);
+    const std::size_t unit = vmm.granularity;
+    if (bytes == 0 || start % unit != 0 || bytes % unit != 0 ||
+        start > std::numeric_limits<std::uintptr_t>::max() - bytes) {
+      return s.invalid(DeviceOp::unmap,
+                       fmt::format("unmap({}, {}): address and size must be multiples of the "
+                                   "granularity and the size positive",
+                                   hex(va), bytes));
+    }
+    const std::uintptr_t end = start + bytes;
+    const std::lock_guard<std::mutex> lock(vmm.mutex);  // held across the driver calls
+    // Check the whole range before unmapping anything, so that a refusal changes nothing.
+    const auto first = vmm.mappings.find(start);
+    auto last = first;
+    for (std::uintptr_t cursor = start; cursor < end; cursor = (last++)->second.end) {
+      if (last == vmm.mappings.end() || last->first != cursor) {
+        return s.invalid(DeviceOp::unmap,
+                         fmt::format("unmap({}, {}): {} is not the start of a mapping", hex(va),
+                                     format_bytes(bytes), hex(cursor)));
+      }
+      if (last->second.end > end) {
+        return s.invalid(
+            DeviceOp::unmap,
+            fmt::format("unmap({}, {}): would unmap part of the mapping [{}, {})", hex(va),
+                        format_bytes(bytes), hex(last->first), hex(last->second.end)));
+      }
+    }
+    if (s.skip_release()) {
+      vmm.mappings.erase(first, last);
+      return Status::ok;
+    }
+    const auto guard = s.guard(true);
+    if (guard.error() != cudaSuccess) {
+      const Status status = s.guard_failure(guard, DeviceOp::unmap);
+      if (status == Status::ok) vmm.mappings.erase(first, last);  // shut down: nothing is mapped
+      return status;
+    }
+    for (auto it = first; it != last; it = vmm.mappings.erase(it)) {
+      const std::uintptr_t piece = it->first;
+      const std::size_t length = it->second.end - piece;
+      const CUresult error = vmm.driver.mem_unmap(piece, length);
+      if (error == CUDA_SUCCESS) continue;
+      const Status status = driver_failure(s, vmm, error, DeviceOp::unmap, "cuMemUnmap", [&] {
+        return fmt::format("unmap({}, {}) at the mapping [{}, {})", hex(va), format_bytes(bytes),
+                           hex(piece), hex(it->second.end));
+      });
+      if (status == Status::ok) {  // shut down: nothing is mapped any more
+        vmm.mappings.erase(it, last);
+      }
+      return status;  // the mappings before `it` are gone, `it` and later ones remain
+    }
+    return Status::ok;
+  });
+}
+
+std::size_t CudaVmmDevice::live_reservations() const {
+  const std::lock_guard<std::mutex> lock(vmm_->mutex);
+  return vmm_->reservations.size();
+}
+
+std::size_t CudaVmmDevice::live_physical() const {
+  const std::lock_guard<std::mutex> lock(vmm_->mutex);
+  return vmm_->physical.size();
+}
+
+std::size_t CudaVmmDevice::live_mappings() const {
+  const std::lock_guard<std::mutex> lock(vmm_->mutex);
+  return vmm_->mappings.size();
+}
+
+}  // namespace cistern

@@ -1,0 +1,165 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// CudaDevice and CudaVmmDevice on a real GPU (CTest label gpu): the device conformance suite that
+// SimDevice passes, memory that is really usable, the caching allocator over the runtime, and a
+// quiet process exit after the runtime has shut down. Every test skips itself where no GPU can be
+// used, so the file builds and "passes" on any machine with the CUDA toolkit.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "cistern/caching_allocator.hpp"
+#include "cistern/cuda_device.hpp"
+#include "cistern/errors.hpp"
+#include "device_conformance.hpp"
+
+namespace cistern {
+namespace {
+
+bool have_gpu() { return CudaDevice::device_count() > 0; }
+
+/// Real streams: non-blocking, so that they do not synchronise with the legacy default stream.
+template <class Backend>
+struct CudaFactoryOf {
+  static bool available() { return have_gpu(); }
+  static std::unique_ptr<Device> make() { return std::make_unique<Backend>(); }
+  static Stream make_stream(Device&) {
+    cudaStream_t stream = nullptr;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    return stream;
+  }
+  static void destroy_stream(Device&, Stream stream) {
+    EXPECT_EQ(cudaStreamDestroy(stream.native<CUstream_st>()), cudaSuccess);
+  }
+};
+
+struct CudaFactory : CudaFactoryOf<CudaDevice> {};
+struct CudaVmmFactory : CudaFactoryOf<CudaVmmDevice> {};
+
+}  // namespace
+
+namespace conformance {
+INSTANTIATE_TYPED_TEST_SUITE_P(Cuda, DeviceConformance, ::testing::Types<CudaFactory>);
+INSTANTIATE_TYPED_TEST_SUITE_P(CudaVmm, DeviceConformance, ::testing::Types<CudaVmmFactory>);
+}  // namespace conformance
+
+namespace {
+
+#define CISTERN_REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device on this machine"
+
+/// The first `bytes` of device memory at `ptr`, copied to the host.
+std::vector<unsigned char> read_back(const void* ptr, std::size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  EXPECT_EQ(cudaMemcpy(host.data(), ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+std::size_t count_of(const std::vector<unsigned char>& bytes, unsigned char value) {
+  std::size_t n = 0;
+  for (unsigned char b : bytes) n += b == value ? 1 : 0;
+  return n;
+}
+
+TEST(CudaGpu, NameAndCapacityAreTheRuntimes) {
+  CISTERN_REQUIRE_GPU();
+  CudaDevice device;
+  cudaDeviceProp properties{};
+  ASSERT_EQ(cudaGetDeviceProperties(&properties, 0), cudaSuccess);
+  EXPECT_EQ(device.name(), std::string("cuda:0 ") + properties.name);
+  MemoryInfo info;
+  ASSERT_EQ(device.memory_info(&info), Status::ok);
+  EXPECT_EQ(info.total, properties.totalGlobalMem);
+}
+
+TEST(CudaGpu, MappedPagesFromTwoHandlesAreOneUsableRange) {
+  CISTERN_REQUIRE_GPU();
+  CudaVmmDevice device;
+  const std::size_t granule = device.granularity();
+  void* va = nullptr;
+  PhysicalHandle low;
+  PhysicalHandle high;
+  ASSERT_EQ(device.reserve(2 * granule, 0, &va), Status::ok) << device.last_error();
+  ASSERT_EQ(device.create_physical(granule, &low), Status::ok) << device.last_error();
+  ASSERT_EQ(device.create_physical(granule, &high), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(va, granule, low, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(static_cast<char*>(va) + granule, granule, high, 0), Status::ok)
+      << device.last_error();
+  // One memset across the boundary of the two mappings.
+  ASSERT_EQ(cudaMemset(va, 0x5a, 2 * granule), cudaSuccess);
+  EXPECT_EQ(count_of(read_back(va, 2 * granule), 0x5a), 2 * granule);
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(low), Status::ok);
+  EXPECT_EQ(device.release_physical(high), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok);
+}
+
+TEST(CudaGpu, CachingAllocatorReusesMemoryAcrossStreamsSafely) {
+  CISTERN_REQUIRE_GPU();
+  CudaDevice device;
+  cudaStream_t first = nullptr;
+  cudaStream_t second = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking), cudaSuccess);
+  {
+    CachingAllocator allocator(device);
+    const std::size_t bytes = 1 * MiB;
+    void* a = allocator.allocate(bytes, first);
+    ASSERT_EQ(cudaMemsetAsync(a, 0x11, bytes, first), cudaSuccess);
+    allocator.deallocate(a, first);
+    // The same stream may reuse the block at once: a cache hit, no new segment.
+    void* again = allocator.allocate(bytes, first);
+    EXPECT_EQ(again, a);
+    EXPECT_EQ(device.live_segments(), 1u);
+    allocator.deallocate(again, first);
+    // Another stream gets memory only once the first stream's work is known to be done.
+    void* b = allocator.allocate(bytes, second);
+    ASSERT_EQ(cudaMemsetAsync(b, 0x22, bytes, second), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(second), cudaSuccess);
+    EXPECT_EQ(count_of(read_back(b, bytes), 0x22), bytes);
+    allocator.deallocate(b, second);
+    allocator.empty_cache();
+    EXPECT_EQ(device.live_segments(), 0u);
+  }
+  EXPECT_EQ(device.live_events(), 0u);
+  EXPECT_EQ(cudaStreamDestroy(first), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(second), cudaSuccess);
+}
+
+TEST(CudaGpu, AnOrdinalPastTheLastDeviceIsAnInvalidArgument) {
+  CISTERN_REQUIRE_GPU();
+  CudaDeviceOptions options;
+  options.device = CudaDevice::device_count();
+  EXPECT_THROW(CudaDevice{options}, InvalidArgument);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// A cache that outlives the CUDA runtime. The holders are namespace-scope objects whose
+// destructors are registered before main, hence before anything CUDA registers for its own
+// teardown, so at exit they run after it: the allocator returns its cached segment to a runtime
+// that may already be gone (cudaErrorCudartUnloading), which must be quiet.
+std::unique_ptr<CudaDevice> g_exit_device;
+std::unique_ptr<CachingAllocator> g_exit_allocator;
+
+/// Run in a fresh process (death-test style "threadsafe" re-executes the test binary).
+[[noreturn]] void exit_with_a_static_cache() {
+  g_exit_device = std::make_unique<CudaDevice>();
+  g_exit_allocator = std::make_unique<CachingAllocator>(*g_exit_device);
+  void* ptr = g_exit_allocator->allocate(4 * MiB, default_stream);
+  g_exit_allocator->deallocate(ptr, default_stream);  // cached: returned only at exit
+  std::exit(0);
+}
+
+TEST(CudaGpu, ACacheDestroyedAfterTheRuntimeExitsQuietly) {
+  CISTERN_REQUIRE_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_with_a_static_cache(), ::testing::ExitedWithCode(0), "^$");
+}
+
+}  // namespace
+}  // namespace cistern
