@@ -20,12 +20,15 @@
 #include <vector>
 
 #include "cistern/errors.hpp"
+#include "cistern/pytorch_snapshot.hpp"
 #include "cistern/types.hpp"
 #include "cli/cli.hpp"
+#include "cli/device_replay.hpp"
 #include "cli/progress.hpp"
 #include "cli/report.hpp"
 #include "cli/trace_args.hpp"
 #include "replay/engine.hpp"
+#include "replay/snapshot_run.hpp"
 #include "trace/readers.hpp"
 
 #ifndef CISTERN_VERSION
@@ -50,11 +53,15 @@ struct ReplayArgs {
   std::string start = "cold";
   std::string json;
   std::string html;
+  std::string snapshot;
   TraceArgs input;
   unsigned threads = 0;
   std::size_t timeline_points = 2000;
   bool check = false;
   bool quiet = false;
+  std::string backend = "sim";
+  int gpu = 0;
+  bool touch = false;
   std::string command_line;
 };
 
@@ -117,6 +124,8 @@ ReplayPlan make_plan(const ReplayArgs& args) {
     throw UsageError("--json - and --html - cannot both write to stdout");
   require_writable(args.json, "--json");
   require_writable(args.html, "--html");
+  require_writable(args.snapshot, "--snapshot");
+  if (args.snapshot == "-") throw UsageError("--snapshot: needs a file name, not '-'");
   return plan;
 }
 
@@ -229,11 +238,53 @@ int exit_status(const std::vector<TraceResults>& groups, const ReplayArgs& args)
   return kExitOk;
 }
 
+/// --backend cuda: the flags that only the simulated device understands are refused.
+void require_device_flags(const ReplayArgs& args, const ReplayPlan& plan) {
+  if (args.min_capacity) throw UsageError("--min-capacity needs --backend sim");
+  if (!args.html.empty()) throw UsageError("--html needs --backend sim");
+  if (plan.options.start == replay::Start::warm) {
+    throw UsageError(
+        "--start warm needs --backend sim (a GPU cannot place blocks at the "
+        "recorded addresses)");
+  }
+}
+
+int run_replay_on_cuda(const ReplayArgs& args, const ReplayPlan& plan,
+                       const std::vector<const trace::Trace*>& pointers) {
+  DeviceReplayRequest request;
+  request.traces = pointers;
+  request.policies = plan.policies;
+  request.options = plan.options;
+  request.device = args.gpu;
+  request.touch = args.touch;
+  request.json = args.json;
+  request.quiet = args.quiet;
+  return run_device_replay(request);
+}
+
+/// `--snapshot FILE`: one PyTorch memory snapshot per (trace, policy), from a recorded cold replay
+/// (replay/snapshot_run.hpp names the files when there are several).
+void write_snapshots(const std::vector<trace::Trace>& traces, const ReplayPlan& plan,
+                     const std::string& path) {
+  for (std::size_t t = 0; t < traces.size(); ++t) {
+    for (const replay::Policy& policy : plan.policies) {
+      const std::string file =
+          replay::snapshot_path(path, policy.label, t, plan.policies.size() > 1, traces.size() > 1);
+      const replay::RecordedRun run = replay::record_run(traces[t], policy, plan.options);
+      write_pytorch_snapshot(file, {run.record}, run.config);
+    }
+  }
+}
+
 int run_replay(const ReplayArgs& args) {
   const ReplayPlan plan = make_plan(args);
+  const bool on_cuda = args.backend == "cuda";
+  if (on_cuda) require_device_flags(args, plan);
+  if (args.touch && !on_cuda) throw UsageError("--touch needs --backend cuda");
   const std::vector<trace::Trace> traces = read_traces(args.traces, plan.read, args.threads);
   if (plan.options.start == replay::Start::warm) require_warm_startable(traces);
   const std::vector<const trace::Trace*> pointers = pointers_to(traces);
+  if (on_cuda) return run_replay_on_cuda(args, plan, pointers);
   const std::vector<TraceResults> groups =
       group_results(pointers, replay_all(pointers, plan, args), args.start);
 
@@ -244,6 +295,7 @@ int run_replay(const ReplayArgs& args) {
     const ReportInfo info{CISTERN_VERSION, now_iso8601(), args.command_line, plan.options.capacity};
     write_file(args.html, format_html(groups, info), "--html");
   }
+  if (!args.snapshot.empty()) write_snapshots(traces, plan, args.snapshot);
   return exit_status(groups, args);
 }
 
@@ -317,6 +369,12 @@ Command add_replay_command(CLI::App& parent) {
                   "Write a self-contained HTML report (timelines, segment maps) to FILE "
                   "('-': stdout)")
       ->type_name("FILE");
+  app->add_option("--snapshot", args->snapshot,
+                  "Write each policy's replay (cold start) as a PyTorch memory snapshot pickle for "
+                  "pytorch.org/memory_viz; with several policies or traces the policy label and "
+                  "the trace's index are inserted before the extension: FILE.torch.pickle, "
+                  "FILE.cistern.1.pickle")
+      ->type_name("FILE");
   add_trace_options(*app, args->input);
   app->add_option("--threads,-j", args->threads, "Replays to run at once (0: one per core)")
       ->capture_default_str();
@@ -327,6 +385,18 @@ Command add_replay_command(CLI::App& parent) {
   app->add_flag("--check", args->check,
                 "Check the allocator's invariants after every event (slow)");
   app->add_flag("--quiet,-q", args->quiet, "No table and no progress bar");
+  app->add_option("--backend", args->backend,
+                  "sim: the simulated device of --capacity; cuda: a real GPU (CudaDevice), one "
+                  "replay at a time, with the real time of the device calls beside the "
+                  "simulated one (no --min-capacity, --html or --start warm)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sim", "cuda"}));
+  app->add_option("--gpu", args->gpu, "--backend cuda: the CUDA device ordinal to replay on")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app->add_flag("--touch", args->touch,
+                "--backend cuda: write every allocation (cudaMemsetAsync) so that a bad "
+                "pointer faults instead of passing unnoticed");
   app->footer(std::string(kReplayExamples) + kExitCodesHelp);
   return {app, [args](const std::string& command_line) {
             args->command_line = command_line;

@@ -6,11 +6,15 @@
 // .ci/run also checks that every include/cistern/*.hpp is included below.
 #include "cistern/allocator.hpp"
 #include "cistern/caching_allocator.hpp"
+#include "cistern/cccl_resource.hpp"
 #include "cistern/config.hpp"
+#include "cistern/cuda_device.hpp"
 #include "cistern/device.hpp"
 #include "cistern/device_buffer.hpp"
 #include "cistern/errors.hpp"
 #include "cistern/history.hpp"
+#include "cistern/plugin.h"
+#include "cistern/pytorch_snapshot.hpp"
 #include "cistern/sim_device.hpp"
 #include "cistern/stats.hpp"
 #include "cistern/stream_scope.hpp"
@@ -72,6 +76,17 @@ void simulated() {
   cistern::HistoryEntry entry;
   entry.action = cistern::HistoryEntry::Action::segment_alloc;
   (void)cistern::to_string(entry.action);
+}
+
+// The CCCL adaptor and the plug-in's C ABI, as CUDA code would use them.
+static_assert(cuda::mr::async_resource<cistern::cccl::memory_resource>, "cuda::mr adaptor");
+void plugin_and_cccl(cistern::CachingAllocator& allocator, cudaStream_t native) {
+  cistern::cccl::memory_resource resource(allocator);
+  void* p = resource.allocate_async(256, cuda::stream_ref(native));
+  resource.deallocate_async(p, 256, cuda::stream_ref(native));
+  void* q = cistern_malloc(256, 0, native);
+  cistern_free(q, 256, 0, native);
+  (void)cistern::pytorch_snapshot_pickle(allocator);
 }
 
 }  // namespace cistern_nvcc_check

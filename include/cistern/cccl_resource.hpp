@@ -1,0 +1,124 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// cistern as a CCCL memory resource: `cistern::cccl::memory_resource` adapts any
+// `cistern::Allocator` (a `CachingAllocator`, typically) to the `cuda::mr` concepts, so that
+// CCCL containers and algorithms (and anything else written against `cuda::mr`) allocate
+// through cistern:
+//
+//   cistern::CudaDevice device;
+//   cistern::CachingAllocator allocator(device);
+//   cistern::cccl::memory_resource resource(allocator);
+//   void* p = resource.allocate_async(1 << 20, 256, cuda::stream_ref{stream});
+//   resource.deallocate_async(p, 1 << 20, 256, cuda::stream_ref{stream});
+//
+// Which concepts: those of the CCCL the CUDA toolkit installs. CUDA 13.0 ships CCCL 3.0, whose
+// `<cuda/memory_resource>` defines `cuda::mr::resource` (allocate / deallocate with size and
+// alignment, equality) and `cuda::mr::async_resource` (plus allocate_async / deallocate_async on a
+// `cuda::stream_ref`), behind the opt-in macro LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE.
+// The adaptor satisfies both, with the `cuda::mr::device_accessible` property;
+// tests/plugin/test_cccl_resource.cpp checks it with static_assert against the installed
+// headers. (Later CCCL releases rename the synchronous concept `cuda::mr::synchronous_resource`
+// and give `cuda::mr::resource` the stream-ordered meaning; the member functions here are the
+// ones both spellings require of a stream-ordered resource except the argument order of
+// `allocate(stream, bytes, alignment)`, which such a release would need added.)
+//
+// This header defines LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE when it is not defined, so it
+// must come before any other inclusion of <cuda/memory_resource> (or define the macro for the
+// whole build). It needs the CUDA toolkit's include directories (nvcc adds them; for a host
+// compiler add `<cuda>/include` and `<cuda>/include/cccl`).
+//
+// Semantics: `allocate` / `deallocate` are on the legacy default stream (usable by every stream
+// at once, as the synchronous concept promises); the `_async` forms on the given stream. The
+// alignment may be any power of two up to 512 (cistern's block alignment); larger alignments
+// throw `cistern::InvalidArgument`. Out of memory throws `cistern::OutOfMemory` with cistern's
+// message, a bad pointer `cistern::InvalidPointer` (state unchanged). Two adaptors are equal
+// when they share the allocator.
+#pragma once
+
+#if !defined(LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE)
+#if defined(_CUDA_MEMORY_RESOURCE)
+#error \
+    "cistern/cccl_resource.hpp: <cuda/memory_resource> was included before without LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE; include this header first or define the macro for the build"
+#endif
+#define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+#endif
+
+#include <cstddef>
+#include <cuda/memory_resource>
+#include <cuda/stream_ref>
+
+#include "cistern/allocator.hpp"
+#include "cistern/errors.hpp"
+#include "cistern/types.hpp"
+
+namespace cistern::cccl {
+
+/// The largest alignment the adaptor accepts: cistern's blocks are 512-byte aligned.
+inline constexpr std::size_t max_alignment = 512;
+
+/// A `cuda::mr::resource` and `cuda::mr::async_resource` over a cistern allocator, which must
+/// outlive it. Cheap to copy (a reference). See the file comment.
+class memory_resource {
+ public:
+  /// An adaptor over `allocator`.
+  explicit memory_resource(Allocator& allocator) noexcept : allocator_(&allocator) {}
+
+  /// `bytes` on the legacy default stream.
+  void* allocate(std::size_t bytes,
+                 std::size_t alignment = ::cuda::mr::default_cuda_malloc_alignment) {
+    check_alignment(alignment);
+    return allocator_->allocate(bytes, default_stream);
+  }
+  /// Frees memory from `allocate` (or `allocate_async`) on the legacy default stream.
+  void deallocate(void* ptr, std::size_t bytes,
+                  std::size_t alignment = ::cuda::mr::default_cuda_malloc_alignment) {
+    (void)bytes;
+    (void)alignment;
+    allocator_->deallocate(ptr, default_stream);
+  }
+  /// `bytes` for use on `stream`.
+  void* allocate_async(std::size_t bytes, std::size_t alignment, ::cuda::stream_ref stream) {
+    check_alignment(alignment);
+    return allocator_->allocate(bytes, Stream(stream.get()));
+  }
+  /// `bytes` for use on `stream`, with the default alignment.
+  void* allocate_async(std::size_t bytes, ::cuda::stream_ref stream) {
+    return allocate_async(bytes, ::cuda::mr::default_cuda_malloc_alignment, stream);
+  }
+  /// Frees memory, ordered on `stream`.
+  void deallocate_async(void* ptr, std::size_t bytes, std::size_t alignment,
+                        ::cuda::stream_ref stream) {
+    (void)bytes;
+    (void)alignment;
+    allocator_->deallocate(ptr, Stream(stream.get()));
+  }
+  /// Frees memory, ordered on `stream`, with the default alignment.
+  void deallocate_async(void* ptr, std::size_t bytes, ::cuda::stream_ref stream) {
+    deallocate_async(ptr, bytes, ::cuda::mr::default_cuda_malloc_alignment, stream);
+  }
+
+  /// The allocator behind the adaptor.
+  Allocator& allocator() const noexcept { return *allocator_; }
+
+  friend bool operator==(const memory_resource& a, const memory_resource& b) noexcept {
+    return a.allocator_ == b.allocator_;
+  }
+  friend bool operator!=(const memory_resource& a, const memory_resource& b) noexcept {
+    return !(a == b);
+  }
+  /// The memory is device memory.
+  friend void get_property(const memory_resource&, ::cuda::mr::device_accessible) noexcept {}
+
+ private:
+  static void check_alignment(std::size_t alignment) {
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > max_alignment) {
+      throw InvalidArgument("cistern::cccl::memory_resource: alignment " +
+                            std::to_string(alignment) +
+                            " is not a power of two up to 512 (cistern's block alignment)");
+    }
+  }
+
+  Allocator* allocator_;
+};
+
+}  // namespace cistern::cccl

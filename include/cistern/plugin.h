@@ -1,0 +1,145 @@
+/* Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+ *
+ * The C ABI of libcistern_plugin.so: cistern as a framework's CUDA allocator.
+ *
+ * PyTorch (CUDAPluggableAllocator) loads the library and calls `cistern_malloc` / `cistern_free`,
+ * whose signatures are exactly the ones it casts to; the optional hooks it can be given
+ * (`set_init_fn`, `set_reset_fn`, `set_memory_fraction_fn`, `set_record_stream_fn`,
+ * `set_base_alloc_fn`) are the functions of the same C types below. CuPy calls `cistern_malloc`
+ * and `cistern_free` through the `cistern.cupy` Python module. The Python package `cistern`
+ * (python/) wraps all of it: `cistern.torch.enable()`.
+ *
+ * One caching allocator per device, created on first use and configured by the environment
+ * variable CISTERN_ALLOC_CONF (the options of `cistern::Config`, PyTorch's syntax). The device
+ * backend is chosen once, on first use, by CISTERN_BACKEND:
+ *   "cuda" (the default when the library was built with the CUDA toolkit) - real GPUs;
+ *   "sim"  - cistern's simulated device, with no GPU: for tests. Its capacity per device is
+ *            CISTERN_SIM_CAPACITY (e.g. "8GiB"; default 80 GiB). Its addresses are not memory:
+ *            never use it under a framework that touches the memory.
+ *
+ * Nothing throws across this ABI. Out of memory makes `cistern_malloc` return NULL (so that the
+ * framework raises its own out-of-memory error) and records cistern's detailed message.
+ * Misuse - freeing a pointer that is not allocated (unknown pointer, double free), a size or
+ * device that does not match the allocation - leaves the allocator exactly as it was, is
+ * recorded as the last error, counted, and printed to stderr the first time only. Configuration
+ * and device failures are recorded the same way. Every function is thread-safe except
+ * `cistern_shutdown`.
+ *
+ * This header is C (C99) and C++, and compiles under nvcc; it needs no CUDA header: a
+ * `struct CUstream_st*` is a `cudaStream_t`. */
+#ifndef CISTERN_PLUGIN_H
+#define CISTERN_PLUGIN_H
+
+#ifdef __cplusplus
+#include <cstddef>
+#include <cstdint>
+#else
+#include <stddef.h>
+#include <stdint.h>
+#endif
+
+#if defined(_WIN32)
+#define CISTERN_PLUGIN_API
+#else
+#define CISTERN_PLUGIN_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** A CUDA stream (`cudaStream_t`); NULL is the legacy default stream. */
+typedef struct CUstream_st* cistern_stream_t;
+
+/** Error codes of `cistern_last_error_code` and of the functions returning int. */
+enum cistern_error {
+  CISTERN_OK = 0,
+  CISTERN_ERROR_OUT_OF_MEMORY = 1,    /**< the device could not provide the memory */
+  CISTERN_ERROR_INVALID_POINTER = 2,  /**< free of a pointer not allocated (double free, unknown) */
+  CISTERN_ERROR_SIZE_MISMATCH = 3,    /**< free with a size or device other than the allocation's */
+  CISTERN_ERROR_INVALID_ARGUMENT = 4, /**< a bad device ordinal, fraction, path, ... */
+  CISTERN_ERROR_CONFIG = 5,           /**< CISTERN_ALLOC_CONF or CISTERN_BACKEND is invalid */
+  CISTERN_ERROR_DEVICE = 6,           /**< the backend failed (no GPU, driver error, ...) */
+  CISTERN_ERROR_INTERNAL = 7          /**< anything else: a bug in cistern */
+};
+
+/* --- PyTorch's CUDAPluggableAllocator signatures ---------------------------------------------- */
+
+/** Allocates `size` bytes on `device` for use on `stream`. NULL for size 0 and on any failure
+ *  (the last error says why: out of memory, configuration, device). */
+CISTERN_PLUGIN_API void* cistern_malloc(size_t size, int device, cistern_stream_t stream);
+/** Frees `ptr`, ordered on `stream`. `size` and `device` must be those of the allocation (as
+ *  PyTorch passes them); otherwise nothing is freed and the misuse is recorded. NULL: no-op. */
+CISTERN_PLUGIN_API void cistern_free(void* ptr, size_t size, int device, cistern_stream_t stream);
+
+/* --- optional hooks (PyTorch: set_init_fn, set_reset_fn, ...) -------------------------------------- */
+
+/** `set_init_fn`: the framework's device count. Reads the environment and checks it (errors are
+ *  recorded); allocators are still created lazily. */
+CISTERN_PLUGIN_API void cistern_init(int device_count);
+/** `set_reset_fn` (`torch.cuda.empty_cache()`): every device returns its unused cached memory. */
+CISTERN_PLUGIN_API void cistern_empty_cache(void);
+/** `set_memory_fraction_fn`: limits `device` to `fraction` (0, 1] of its memory. */
+CISTERN_PLUGIN_API void cistern_set_memory_fraction(double fraction, int device);
+/** `set_record_stream_fn` (`Tensor.record_stream`): `stream` also uses `ptr`. */
+CISTERN_PLUGIN_API void cistern_record_stream(void* ptr, cistern_stream_t stream);
+/** `set_base_alloc_fn`: the start of the device segment holding `ptr`, its size in `*size`
+ *  (for CUDA IPC). For a pointer cistern does not hold: `ptr` itself, `*size` untouched. */
+CISTERN_PLUGIN_API void* cistern_base_allocation(void* ptr, size_t* size);
+
+/* --- statistics and snapshots --------------------------------------------------------------------- */
+
+/** Writes `device`'s statistics as a JSON object with PyTorch's key names
+ *  ("allocated_bytes.all.current": 512, ...) into `buffer` (NUL-terminated, cut to `capacity`)
+ *  and returns the full length without the NUL, as snprintf does; 0 on error. A device not yet
+ *  used reports zeros. */
+CISTERN_PLUGIN_API size_t cistern_memory_stats_json(int device, char* buffer, size_t capacity);
+/** Sets every peak of `device` to its current value. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_reset_peak_stats(int device);
+/** Zeroes `device`'s running sums and num_* counters. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_reset_accumulated_stats(int device);
+/** Starts (non-zero) or stops recording the event history of every device, present and future,
+ *  keeping up to `max_entries` events per device (0: one million). Returns an error code. */
+CISTERN_PLUGIN_API int cistern_record_history(int enabled, size_t max_entries);
+/** Writes every device's segments, blocks and recorded history to `path` as a PyTorch memory
+ *  snapshot pickle (what `torch.cuda.memory._dump_snapshot` writes). Returns an error code. */
+CISTERN_PLUGIN_API int cistern_write_snapshot(const char* path);
+
+/* --- errors ------------------------------------------------------------------------------------------ */
+
+/** The code of the last error recorded (any thread), CISTERN_OK if none. */
+CISTERN_PLUGIN_API int cistern_last_error_code(void);
+/** Copies the last error's message like `cistern_memory_stats_json`; returns its length. */
+CISTERN_PLUGIN_API size_t cistern_last_error(char* buffer, size_t capacity);
+/** Misuses recorded so far (invalid pointer, size mismatch, invalid argument). */
+CISTERN_PLUGIN_API uint64_t cistern_misuse_count(void);
+/** Forgets the last error (the counters stay). */
+CISTERN_PLUGIN_API void cistern_clear_error(void);
+
+/* --- the process --------------------------------------------------------------------------------- */
+
+/** The backend in use or that will be used: "cuda", "sim", or "" when CISTERN_BACKEND names none.
+ */
+CISTERN_PLUGIN_API const char* cistern_backend(void);
+/** The library version, e.g. "0.1.0". */
+CISTERN_PLUGIN_API const char* cistern_version(void);
+/** Destroys every allocator (cached memory goes back to the device; live allocations are
+ *  abandoned), forgets errors and counters; the next call starts afresh and re-reads the
+ *  environment. For tests and teardown: must not run concurrently with any other call. */
+CISTERN_PLUGIN_API void cistern_shutdown(void);
+
+/* --- the simulated backend (CISTERN_BACKEND=sim), for tests --------------------------------------- */
+
+/** A new simulated stream on `device`; NULL (and an error) on another backend. */
+CISTERN_PLUGIN_API cistern_stream_t cistern_sim_create_stream(int device);
+/** Submits `ns` simulated nanoseconds of work to `stream` of `device`: memory freed on it, or
+ *  recorded for it, waits until that work completes. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_sim_launch(int device, cistern_stream_t stream, uint64_t ns);
+/** Completes all simulated work on `device`. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_sim_synchronize(int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CISTERN_PLUGIN_H */

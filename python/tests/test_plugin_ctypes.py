@@ -1,0 +1,170 @@
+# Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+"""libcistern_plugin.so from Python ctypes on the simulated backend (CISTERN_BACKEND=sim,
+1 GiB per device): allocation, frees on streams, statistics, misuse, concurrent callers, and
+the snapshot read back with the standard library's pickle."""
+import os
+import threading
+import unittest
+
+import cistern
+from cistern import _library
+
+MiB = 1 << 20
+
+
+def setUpModule():
+    os.environ["CISTERN_BACKEND"] = "sim"
+    os.environ["CISTERN_SIM_CAPACITY"] = "1GiB"
+    os.environ.pop("CISTERN_ALLOC_CONF", None)
+
+
+class PluginTest(unittest.TestCase):
+    def setUp(self):
+        self.lib = _library.load()
+        self.lib.cistern_shutdown()
+
+    def tearDown(self):
+        self.lib.cistern_shutdown()
+
+    def stat(self, key, device=0):
+        return cistern.memory_stats(device)[key]
+
+    def test_allocate_free_and_statistics(self):
+        self.assertEqual(cistern.backend(), "sim")
+        p = self.lib.cistern_malloc(1000, 0, None)
+        self.assertEqual(p % 512, 0)
+        self.assertEqual(self.stat("allocated_bytes.all.current"), 1024)
+        self.assertEqual(self.stat("requested_bytes.all.current"), 1000)
+        self.assertEqual(self.stat("reserved_bytes.all.current"), 2 * MiB)
+        self.assertEqual(self.stat("segment.small_pool.current"), 1)
+        self.lib.cistern_free(p, 1000, 0, None)
+        stats = cistern.memory_stats(0)
+        self.assertEqual(stats["allocated_bytes.all.current"], 0)
+        self.assertEqual(stats["allocated_bytes.all.peak"], 1024)
+        self.assertEqual(stats["num_ooms"], 0)
+        self.assertEqual(stats["max_split_size"], -1)
+        cistern.empty_cache()
+        self.assertEqual(self.stat("reserved_bytes.all.current"), 0)
+        cistern.reset_peak_memory_stats(0)
+        self.assertEqual(self.stat("allocated_bytes.all.peak"), 0)
+        cistern.reset_accumulated_memory_stats(0)
+        self.assertEqual(self.stat("allocation.all.allocated"), 0)
+        self.assertEqual(cistern.misuse_count(), 0)
+        self.assertEqual(cistern.last_error(), "")
+
+    def test_out_of_memory_returns_null(self):
+        self.assertIsNone(self.lib.cistern_malloc(2048 * MiB, 0, None))
+        self.assertEqual(cistern.last_error_code(), 1)
+        self.assertIn("out of memory", cistern.last_error())
+        self.assertEqual(self.stat("num_ooms"), 1)
+        self.assertEqual(cistern.misuse_count(), 0)
+        p = self.lib.cistern_malloc(MiB, 0, None)
+        self.assertIsNotNone(p)
+        self.lib.cistern_free(p, MiB, 0, None)
+
+    def test_double_free_unknown_pointer_and_size_mismatch(self):
+        p = self.lib.cistern_malloc(4096, 0, None)
+        q = self.lib.cistern_malloc(1000, 0, None)
+        self.lib.cistern_free(p, 4096, 0, None)
+        self.lib.cistern_free(p, 4096, 0, None)
+        self.assertEqual(cistern.last_error_code(), 2)
+        self.assertIn("double free", cistern.last_error())
+        self.lib.cistern_free(0x1000, 16, 0, None)
+        self.assertEqual(cistern.last_error_code(), 2)
+        self.assertIn("not allocated by this allocator", cistern.last_error())
+        self.lib.cistern_free(q, 999, 0, None)
+        self.assertEqual(cistern.last_error_code(), 3)
+        self.assertIn("the allocation has size 1000 on device 0", cistern.last_error())
+        self.assertEqual(cistern.misuse_count(), 3)
+        self.assertEqual(self.stat("allocated_bytes.all.current"), 1024)
+        self.lib.cistern_free(q, 1000, 0, None)
+        self.assertEqual(self.stat("allocated_bytes.all.current"), 0)
+        cistern.clear_error()
+        self.assertEqual(cistern.last_error_code(), 0)
+
+    def test_frees_on_streams_and_record_stream(self):
+        s1 = self.lib.cistern_sim_create_stream(0)
+        s2 = self.lib.cistern_sim_create_stream(0)
+        p = self.lib.cistern_malloc(4096, 0, s1)
+        self.lib.cistern_free(p, 4096, 0, s1)
+        self.assertEqual(self.lib.cistern_malloc(4096, 0, s1), p)
+        self.lib.cistern_record_stream(p, s2)
+        self.assertEqual(self.lib.cistern_sim_launch(0, s2, 1000000), 0)
+        self.lib.cistern_free(p, 4096, 0, s1)
+        self.assertEqual(self.stat("active_bytes.all.current"), 4096)
+        states = [b["state"] for s in cistern.snapshot()["segments"] for b in s["blocks"]]
+        self.assertEqual(states, ["active_pending_free", "inactive"])
+        self.assertEqual(self.lib.cistern_sim_synchronize(0), 0)
+        cistern.empty_cache()
+        self.assertEqual(self.stat("active_bytes.all.current"), 0)
+        self.assertEqual(self.stat("reserved_bytes.all.current"), 0)
+
+    def test_memory_fraction(self):
+        self.lib.cistern_set_memory_fraction(0.25, 0)
+        self.assertIsNone(self.lib.cistern_malloc(300 * MiB, 0, None))
+        self.assertEqual(cistern.last_error_code(), 1)
+        self.lib.cistern_set_memory_fraction(2.0, 0)
+        self.assertEqual(cistern.last_error_code(), 4)
+
+    def test_snapshot_has_pytorch_keys(self):
+        cistern.record_history(True)
+        p = self.lib.cistern_malloc(3 * MiB, 0, None)
+        self.lib.cistern_free(p, 3 * MiB, 0, None)
+        snap = cistern.snapshot()
+        self.assertEqual(sorted(snap), ["allocator_settings", "device_traces",
+                                        "external_annotations", "segments"])
+        segment = snap["segments"][0]
+        self.assertEqual(segment["total_size"], 20 * MiB)
+        self.assertEqual(segment["segment_type"], "large")
+        self.assertEqual(segment["segment_pool_id"], (0, 0))
+        self.assertEqual(segment["blocks"], [{"address": p, "size": 20 * MiB, "requested_size": 0,
+                                              "state": "inactive", "frames": []}])
+        actions = [(e["action"], e["addr"], e["size"]) for e in snap["device_traces"][0]]
+        self.assertEqual(actions, [("segment_alloc", p, 20 * MiB), ("alloc", p, 3 * MiB),
+                                   ("free_requested", p, 3 * MiB), ("free_completed", p, 3 * MiB)])
+        self.assertEqual(snap["allocator_settings"]["max_split_size"], -1)
+        cistern.record_history(False)
+
+    def test_concurrent_callers(self):
+        streams = [self.lib.cistern_sim_create_stream(0) for _ in range(4)]
+        errors = []
+
+        def work(stream):
+            held = []
+            for i in range(500):
+                size = 512 + (i * 7919) % (3 * MiB)
+                p = self.lib.cistern_malloc(size, 0, stream)
+                if not p:
+                    errors.append(cistern.last_error())
+                    continue
+                held.append((p, size))
+                if len(held) > 8:
+                    q, n = held.pop(0)
+                    self.lib.cistern_free(q, n, 0, stream)
+            for q, n in held:
+                self.lib.cistern_free(q, n, 0, stream)
+
+        threads = [threading.Thread(target=work, args=(s,)) for s in streams]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(self.stat("allocation.all.allocated"), 2000)
+        self.assertEqual(self.stat("allocated_bytes.all.current"), 0)
+        self.assertEqual(cistern.misuse_count(), 0)
+
+    def test_bad_configuration_raises_in_python(self):
+        os.environ["CISTERN_BACKEND"] = "tpu"
+        try:
+            self.lib.cistern_shutdown()
+            with self.assertRaises(cistern.CisternError) as caught:
+                cistern.backend()
+            self.assertEqual(caught.exception.code, 5)
+            self.assertIn("CISTERN_BACKEND='tpu'", str(caught.exception))
+        finally:
+            os.environ["CISTERN_BACKEND"] = "sim"
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,340 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The C ABI of libcistern_plugin.so (include/cistern/plugin.h). Every entry point runs its body
+// inside `guarded`, which turns any exception into a recorded error code: nothing ever unwinds
+// into the framework.
+#include "cistern/plugin.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <sstream>
+#include <string>
+
+#include "cistern/errors.hpp"
+#include "cistern/pytorch_snapshot.hpp"
+#include "plugin/plugin_state.hpp"
+
+#ifndef CISTERN_VERSION
+#define CISTERN_VERSION "unknown"
+#endif
+
+namespace cistern::plugin {
+namespace {
+
+/// The code of the exception in flight (called from a catch block).
+cistern_error classify() noexcept {
+  try {
+    throw;
+  } catch (const OutOfMemory&) {
+    return CISTERN_ERROR_OUT_OF_MEMORY;
+  } catch (const SizeMismatch&) {
+    return CISTERN_ERROR_SIZE_MISMATCH;
+  } catch (const InvalidPointer&) {
+    return CISTERN_ERROR_INVALID_POINTER;
+  } catch (const ConfigError&) {
+    return CISTERN_ERROR_CONFIG;
+  } catch (const InvalidArgument&) {
+    return CISTERN_ERROR_INVALID_ARGUMENT;
+  } catch (const DeviceError&) {
+    return CISTERN_ERROR_DEVICE;
+  } catch (const std::bad_alloc&) {
+    return CISTERN_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return CISTERN_ERROR_INTERNAL;
+  }
+}
+
+std::string message_of(const std::exception_ptr& error) noexcept {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::bad_alloc&) {
+    return "cistern: out of host memory";
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "cistern: unknown error";
+  }
+}
+
+/// Runs `body`; on an exception records it and returns its code.
+template <class Body>
+cistern_error guarded(Body&& body) noexcept {
+  try {
+    body();
+    return CISTERN_OK;
+  } catch (...) {
+    const cistern_error code = classify();
+    const std::string message = message_of(std::current_exception());
+    try {
+      PluginState::get().errors().record(code, message);
+    } catch (...) {  // recording needs memory too; the code still tells the caller
+    }
+    return code;
+  }
+}
+
+/// Copies `text` like snprintf: NUL-terminated, cut to `capacity`; returns its full length.
+std::size_t copy_out(const std::string& text, char* buffer, std::size_t capacity) noexcept {
+  if (buffer != nullptr && capacity > 0) {
+    const std::size_t n = std::min(text.size(), capacity - 1);
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
+  }
+  return text.size();
+}
+
+std::string stats_json(const Stats& stats) {
+  std::ostringstream json;
+  json << '{';
+  bool first = true;
+  for (const auto& [key, value] : stats.flatten()) {
+    json << (first ? "" : ", ") << '"' << key << "\": " << value;
+    first = false;
+  }
+  json << '}';
+  return json.str();
+}
+
+std::string hex(const void* ptr) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%#zx", reinterpret_cast<std::uintptr_t>(ptr));
+  return text;
+}
+
+/// Says what `ptr`, which the plug-in does not hold as live, is (double free, interior pointer,
+/// foreign): the allocator's own message. Never frees anything, so that a racing allocation
+/// that has just been given the same address cannot be freed by mistake.
+[[noreturn]] void throw_not_live(PluginState& state, void* ptr, int device) {
+  if (CachingAllocator* allocator = state.existing(device)) {
+    try {
+      allocator->allocation_size(ptr);  // throws InvalidPointer with the precise story
+    } catch (const InvalidPointer& e) {
+      std::string message = e.what();
+      const std::string asked = "allocation_size(";
+      if (const std::size_t at = message.find(asked); at != std::string::npos) {
+        message.replace(at, asked.size(), "free(");
+      }
+      throw InvalidPointer(message);
+    }
+  }
+  throw InvalidPointer("cistern: free(" + hex(ptr) + ", device " + std::to_string(device) +
+                       "): not allocated by cistern_malloc");
+}
+
+void free_checked(void* ptr, std::size_t size, int device, Stream stream) {
+  PluginState& state = PluginState::get();
+  Allocation allocation;
+  if (!state.pointers().take(ptr, &allocation)) throw_not_live(state, ptr, device);
+  if (allocation.size != size || allocation.device != device) {
+    state.pointers().insert(ptr, allocation);
+    throw SizeMismatch("cistern: free(" + hex(ptr) + ", size " + std::to_string(size) +
+                       ", device " + std::to_string(device) + "): the allocation has size " +
+                       std::to_string(allocation.size) + " on device " +
+                       std::to_string(allocation.device) + "; nothing was freed");
+  }
+  try {
+    state.allocator(device).deallocate(ptr, stream);
+  } catch (...) {
+    state.pointers().insert(ptr, allocation);
+    throw;
+  }
+}
+
+CachingAllocator& allocator_of(PluginState& state, void* ptr, const char* what) {
+  Allocation allocation;
+  if (!state.pointers().find(ptr, &allocation)) {
+    throw InvalidPointer(std::string("cistern: ") + what + "(" + hex(ptr) +
+                         "): not a live allocation of cistern_malloc");
+  }
+  return state.allocator(allocation.device);
+}
+
+}  // namespace
+}  // namespace cistern::plugin
+
+using cistern::Stream;
+using cistern::plugin::guarded;
+using cistern::plugin::PluginState;
+
+extern "C" {
+
+void* cistern_malloc(size_t size, int device, cistern_stream_t stream) {
+  void* ptr = nullptr;
+  guarded([&] {
+    if (size == 0) return;
+    PluginState& state = PluginState::get();
+    cistern::CachingAllocator& allocator = state.allocator(device);
+    ptr = allocator.allocate(size, Stream(stream));
+    try {
+      state.pointers().insert(ptr, {size, device});
+    } catch (...) {
+      allocator.deallocate(ptr, Stream(stream));
+      ptr = nullptr;
+      throw;
+    }
+  });
+  return ptr;
+}
+
+void cistern_free(void* ptr, size_t size, int device, cistern_stream_t stream) {
+  if (ptr == nullptr) return;
+  guarded([&] { cistern::plugin::free_checked(ptr, size, device, Stream(stream)); });
+}
+
+void cistern_init(int device_count) {
+  guarded([&] {
+    if (device_count < 0 || device_count > cistern::plugin::kMaxDevices) {
+      throw cistern::InvalidArgument("cistern: init with " + std::to_string(device_count) +
+                                     " devices; the plug-in serves up to " +
+                                     std::to_string(cistern::plugin::kMaxDevices));
+    }
+    PluginState::get().config();  // reads and checks the environment now
+  });
+}
+
+void cistern_empty_cache(void) {
+  guarded([&] {
+    for (cistern::CachingAllocator* allocator : PluginState::get().all()) allocator->empty_cache();
+  });
+}
+
+void cistern_set_memory_fraction(double fraction, int device) {
+  guarded([&] {
+    if (!(fraction > 0.0 && fraction <= 1.0)) {
+      throw cistern::InvalidArgument("cistern: memory fraction " + std::to_string(fraction) +
+                                     " is not in (0, 1]");
+    }
+    PluginState::get().allocator(device).set_memory_fraction(fraction);
+  });
+}
+
+void cistern_record_stream(void* ptr, cistern_stream_t stream) {
+  guarded([&] {
+    PluginState& state = PluginState::get();
+    cistern::plugin::allocator_of(state, ptr, "record_stream").record_stream(ptr, Stream(stream));
+  });
+}
+
+void* cistern_base_allocation(void* ptr, size_t* size) {
+  void* base = ptr;
+  guarded([&] {
+    PluginState& state = PluginState::get();
+    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+    const cistern::Snapshot snapshot =
+        cistern::plugin::allocator_of(state, ptr, "base_allocation").snapshot();
+    for (const cistern::SegmentInfo& segment : snapshot.segments) {
+      if (addr < segment.address || addr >= segment.address + segment.total_size) continue;
+      base = reinterpret_cast<void*>(segment.address);
+      if (size != nullptr) *size = segment.total_size;
+    }
+  });
+  return base;
+}
+
+size_t cistern_memory_stats_json(int device, char* buffer, size_t capacity) {
+  std::size_t length = 0;
+  guarded([&] {
+    if (device < 0 || device >= cistern::plugin::kMaxDevices) {
+      throw cistern::InvalidArgument("cistern: memory_stats: device " + std::to_string(device) +
+                                     " is out of range");
+    }
+    const cistern::CachingAllocator* allocator = PluginState::get().existing(device);
+    const cistern::Stats stats = allocator != nullptr ? allocator->stats() : cistern::Stats{};
+    length = cistern::plugin::copy_out(cistern::plugin::stats_json(stats), buffer, capacity);
+  });
+  return length;
+}
+
+int cistern_reset_peak_stats(int device) {
+  return guarded([&] { PluginState::get().allocator(device).reset_peak_stats(); });
+}
+
+int cistern_reset_accumulated_stats(int device) {
+  return guarded([&] { PluginState::get().allocator(device).reset_accumulated_stats(); });
+}
+
+int cistern_record_history(int enabled, size_t max_entries) {
+  return guarded([&] {
+    PluginState::get().record_history(enabled != 0, max_entries == 0 ? 1000000 : max_entries);
+  });
+}
+
+int cistern_write_snapshot(const char* path) {
+  return guarded([&] {
+    if (path == nullptr || *path == '\0') {
+      throw cistern::InvalidArgument("cistern: write_snapshot needs a file path");
+    }
+    PluginState& state = PluginState::get();
+    std::vector<cistern::DeviceRecord> devices;
+    for (cistern::CachingAllocator* allocator : state.all()) {
+      cistern::DeviceRecord record;
+      record.device = allocator->device_index();
+      record.snapshot = allocator->snapshot();
+      record.history = allocator->history();
+      devices.push_back(std::move(record));
+    }
+    cistern::write_pytorch_snapshot(path, devices, state.config());
+  });
+}
+
+int cistern_last_error_code(void) {
+  cistern_error code = CISTERN_OK;
+  guarded([&] { code = PluginState::get().errors().code(); });
+  return code;
+}
+
+size_t cistern_last_error(char* buffer, size_t capacity) {
+  std::size_t length = 0;
+  guarded([&] {
+    length = cistern::plugin::copy_out(PluginState::get().errors().message(), buffer, capacity);
+  });
+  return length;
+}
+
+uint64_t cistern_misuse_count(void) {
+  std::uint64_t count = 0;
+  guarded([&] { count = PluginState::get().errors().misuse_count(); });
+  return count;
+}
+
+void cistern_clear_error(void) {
+  guarded([&] { PluginState::get().errors().clear(); });
+}
+
+const char* cistern_backend(void) {
+  const char* name = "";
+  guarded([&] {
+    name = PluginState::get().backend() == cistern::plugin::Backend::sim ? "sim" : "cuda";
+  });
+  return name;
+}
+
+const char* cistern_version(void) { return CISTERN_VERSION; }
+
+void cistern_shutdown(void) {
+  guarded([&] { PluginState::shutdown(); });
+}
+
+cistern_stream_t cistern_sim_create_stream(int device) {
+  cistern_stream_t stream = nullptr;
+  guarded([&] { stream = PluginState::get().sim(device).create_stream().native<CUstream_st>(); });
+  return stream;
+}
+
+int cistern_sim_launch(int device, cistern_stream_t stream, uint64_t ns) {
+  return guarded([&] { PluginState::get().sim(device).launch(Stream(stream), ns); });
+}
+
+int cistern_sim_synchronize(int device) {
+  return guarded([&] {
+    const cistern::Status status = PluginState::get().sim(device).synchronize_device();
+    if (status != cistern::Status::ok) {
+      throw cistern::DeviceError("synchronize_device", "cistern: simulated synchronize failed");
+    }
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,139 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The process-wide state behind the plug-in's C ABI (include/cistern/plugin.h): the backend and
+// configuration read from the environment, one device and caching allocator per device ordinal
+// (created on first use), the map of live allocations that lets a free be checked against its
+// allocation before anything is changed, and the last error.
+//
+// The state is created on first use and never destroyed at process exit: a framework may still
+// free memory from its own static destructors, after ours would have run; the driver reclaims
+// everything with the process. `PluginState::shutdown` destroys it explicitly (tests).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cistern/caching_allocator.hpp"
+#include "cistern/config.hpp"
+#include "cistern/device.hpp"
+#include "cistern/errors.hpp"
+#include "cistern/plugin.h"
+#include "cistern/sim_device.hpp"
+
+namespace cistern::plugin {
+
+/// The highest device ordinal + 1 the plug-in serves.
+inline constexpr int kMaxDevices = 64;
+
+/// Which devices the allocators run on.
+enum class Backend : std::uint8_t { cuda, sim };
+
+/// A free whose size or device differs from the allocation's.
+class SizeMismatch : public InvalidPointer {
+ public:
+  using InvalidPointer::InvalidPointer;
+};
+
+/// What the plug-in remembers of one live allocation.
+struct Allocation {
+  std::size_t size = 0;  ///< the caller's size
+  int device = 0;
+};
+
+/// Live allocations by address, sharded so that threads seldom share a lock.
+class PointerMap {
+ public:
+  void insert(void* ptr, Allocation allocation);
+  /// Removes `ptr` and gives its allocation; false if it is not live.
+  bool take(void* ptr, Allocation* allocation);
+  /// The allocation of `ptr`, if live.
+  bool find(void* ptr, Allocation* allocation) const;
+
+ private:
+  static constexpr std::size_t kShards = 64;
+  struct Shard {
+    mutable std::mutex mutex;
+    std::unordered_map<std::uintptr_t, Allocation> live;
+  };
+  Shard& shard(void* ptr) const;
+  mutable std::array<Shard, kShards> shards_;
+};
+
+/// The last error and the counters.
+class ErrorLog {
+ public:
+  /// Records an error; prints it to stderr if it is the first error worth printing (every error
+  /// but out-of-memory, which the framework reports itself).
+  void record(cistern_error code, const std::string& message);
+  cistern_error code() const;
+  std::string message() const;
+  std::uint64_t misuse_count() const noexcept { return misuses_.load(); }
+  void clear();
+
+ private:
+  mutable std::mutex mutex_;
+  cistern_error code_ = CISTERN_OK;
+  std::string message_;
+  bool printed_ = false;
+  std::atomic<std::uint64_t> misuses_{0};
+};
+
+/// See the file comment.
+class PluginState {
+ public:
+  /// The state, created on first use.
+  static PluginState& get();
+  /// Destroys the state (see `cistern_shutdown`).
+  static void shutdown();
+
+  /// The backend CISTERN_BACKEND names (the build's default when unset). Throws `ConfigError`.
+  Backend backend();
+  /// The allocator of `device`, created on first use. Throws `InvalidArgument` for an ordinal
+  /// out of range, `ConfigError` for bad settings, `DeviceError` if the device cannot be opened.
+  CachingAllocator& allocator(int device);
+  /// The allocator of `device` if it exists, else nullptr. Never throws.
+  CachingAllocator* existing(int device) noexcept;
+  /// Every allocator that exists, by ordinal.
+  std::vector<CachingAllocator*> all();
+  /// The simulated device of `device` (created with its allocator). Throws `InvalidArgument`
+  /// unless the backend is "sim".
+  SimDevice& sim(int device);
+  /// The configuration every allocator gets (CISTERN_ALLOC_CONF). Throws `ConfigError`.
+  Config config();
+  /// Starts or stops history recording on every allocator, present and future.
+  void record_history(bool enabled, std::size_t max_entries);
+
+  PointerMap& pointers() noexcept { return pointers_; }
+  ErrorLog& errors() noexcept { return errors_; }
+
+ private:
+  struct Slot {
+    std::unique_ptr<Device> device;
+    SimDevice* sim = nullptr;  ///< device, when simulated
+    std::unique_ptr<CachingAllocator> allocator;
+  };
+  void read_environment();                          // mutex_ held
+  std::unique_ptr<Device> open_device(int device);  // mutex_ held
+  static void check_ordinal(int device);
+
+  std::mutex mutex_;  ///< guards creation and the settings
+  bool environment_read_ = false;
+  Backend backend_ = Backend::sim;
+  Config config_;
+  std::size_t sim_capacity_ = 0;
+  bool history_ = false;
+  std::size_t history_entries_ = 0;
+  std::array<std::atomic<Slot*>, kMaxDevices> published_{};
+  std::array<std::unique_ptr<Slot>, kMaxDevices> slots_;
+  PointerMap pointers_;
+  ErrorLog errors_;
+};
+
+}  // namespace cistern::plugin

@@ -1,0 +1,180 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The PyTorch memory snapshot writer (include/cistern/pytorch_snapshot.hpp): cistern's segments,
+// blocks and history as the dict `torch.cuda.memory._snapshot()` returns, pickled.
+#include "cistern/pytorch_snapshot.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+
+#include "cistern/errors.hpp"
+#include "snapshot/pickle_writer.hpp"
+
+namespace cistern {
+namespace {
+
+using detail::PickleWriter;
+
+void key(PickleWriter& w, const char* name) { w.string(name); }
+
+void empty_list(PickleWriter& w, const char* name) {
+  key(w, name);
+  w.begin_list();
+  w.end_list();
+}
+
+void write_block(PickleWriter& w, const BlockInfo& block) {
+  w.begin_dict();
+  key(w, "address");
+  w.unsigned_integer(block.address);
+  key(w, "size");
+  w.unsigned_integer(block.size);
+  key(w, "requested_size");
+  w.unsigned_integer(block.requested_size);
+  key(w, "state");
+  w.string(to_string(block.state));
+  empty_list(w, "frames");
+  w.end_dict();
+}
+
+void write_segment(PickleWriter& w, const SegmentInfo& segment) {
+  w.begin_dict();
+  key(w, "device");
+  w.integer(segment.device);
+  key(w, "address");
+  w.unsigned_integer(segment.address);
+  key(w, "total_size");
+  w.unsigned_integer(segment.total_size);
+  key(w, "allocated_size");
+  w.unsigned_integer(segment.allocated_size);
+  key(w, "active_size");
+  w.unsigned_integer(segment.active_size);
+  key(w, "requested_size");
+  w.unsigned_integer(segment.requested_size);
+  key(w, "stream");
+  w.unsigned_integer(segment.stream.handle);
+  key(w, "segment_type");
+  w.string(segment.is_large ? "large" : "small");
+  key(w, "segment_pool_id");
+  w.begin_tuple();
+  w.integer(0);
+  w.integer(0);
+  w.end_tuple();
+  key(w, "is_expandable");
+  w.boolean(segment.is_expandable);
+  empty_list(w, "frames");
+  key(w, "blocks");
+  w.begin_list();
+  for (const BlockInfo& block : segment.blocks) write_block(w, block);
+  w.end_list();
+  w.end_dict();
+}
+
+void write_entry(PickleWriter& w, const HistoryEntry& entry) {
+  w.begin_dict();
+  key(w, "action");
+  w.string(to_string(entry.action));
+  // PyTorch's oom entry names what the device reported free instead of an address.
+  key(w, entry.action == HistoryEntry::Action::oom ? "device_free" : "addr");
+  w.unsigned_integer(entry.addr);
+  key(w, "size");
+  w.unsigned_integer(entry.size);
+  key(w, "stream");
+  w.unsigned_integer(entry.stream.handle);
+  key(w, "time_us");
+  w.unsigned_integer(entry.time_us);
+  empty_list(w, "frames");
+  key(w, "compile_context");
+  w.string("N/A");
+  w.end_dict();
+}
+
+/// `device_traces`: one list per device 0..max, empty for devices not written.
+void write_traces(PickleWriter& w, const std::vector<DeviceRecord>& devices) {
+  int last = -1;
+  for (const DeviceRecord& d : devices) last = std::max(last, d.device);
+  w.begin_list();
+  for (int device = 0; device <= last; ++device) {
+    w.begin_list();
+    for (const DeviceRecord& d : devices) {
+      if (d.device != device) continue;
+      for (const HistoryEntry& entry : d.history) write_entry(w, entry);
+    }
+    w.end_list();
+  }
+  w.end_list();
+}
+
+void write_settings(PickleWriter& w, const Config& config) {
+  w.begin_dict();
+  key(w, "PYTORCH_CUDA_ALLOC_CONF");
+  w.string(config.to_string());
+  key(w, "max_split_size");
+  w.integer(config.max_split_size == SIZE_MAX ? -1
+                                              : static_cast<std::int64_t>(config.max_split_size));
+  key(w, "garbage_collection_threshold");
+  w.real(config.garbage_collection_threshold);
+  key(w, "expandable_segments");
+  w.boolean(config.expandable_segments);
+  key(w, "release_lock_on_cudamalloc");
+  w.boolean(config.release_lock_on_cudamalloc);
+  key(w, "roundup_power2_divisions");
+  w.begin_dict();
+  for (int i = 0; i < kRoundupIntervals; ++i) {
+    w.string(std::to_string(std::uint64_t{1} << static_cast<unsigned>(i)));
+    w.unsigned_integer(config.roundup_power2_divisions[static_cast<std::size_t>(i)]);
+  }
+  w.end_dict();
+  w.end_dict();
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) throw Error("cannot write the snapshot file '" + path + "'");
+}
+
+}  // namespace
+
+std::string pytorch_snapshot_pickle(const std::vector<DeviceRecord>& devices,
+                                    const Config& config) {
+  for (const DeviceRecord& d : devices) {
+    if (d.device < 0) throw InvalidArgument("pytorch_snapshot_pickle: negative device ordinal");
+  }
+  PickleWriter w;
+  w.begin_dict();
+  key(w, "segments");
+  w.begin_list();
+  for (const DeviceRecord& d : devices) {
+    for (const SegmentInfo& segment : d.snapshot.segments) write_segment(w, segment);
+  }
+  w.end_list();
+  key(w, "device_traces");
+  write_traces(w, devices);
+  key(w, "allocator_settings");
+  write_settings(w, config);
+  empty_list(w, "external_annotations");
+  w.end_dict();
+  return w.finish();
+}
+
+std::string pytorch_snapshot_pickle(const CachingAllocator& allocator) {
+  DeviceRecord record;
+  record.device = allocator.device_index();
+  record.snapshot = allocator.snapshot();
+  record.history = allocator.history();
+  return pytorch_snapshot_pickle({record}, allocator.config());
+}
+
+void write_pytorch_snapshot(const std::string& path, const std::vector<DeviceRecord>& devices,
+                            const Config& config) {
+  write_bytes(path, pytorch_snapshot_pickle(devices, config));
+}
+
+void write_pytorch_snapshot(const std::string& path, const CachingAllocator& allocator) {
+  write_bytes(path, pytorch_snapshot_pickle(allocator));
+}
+
+}  // namespace cistern
