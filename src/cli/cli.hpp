@@ -37,6 +37,10 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Writes `content` to the file `path`, or to stdout for "-". Throws UsageError naming `what`
+/// (the flag or command that named the file) and the path when it cannot be written.
+void write_output(const std::string& path, const std::string& content, const std::string& what);
+
 /// A registered subcommand: its parser node, and what to run when the user chose it.
 struct Command {
   CLI::App* app = nullptr;

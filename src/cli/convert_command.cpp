@@ -83,22 +83,11 @@ void write_native(const std::string& path, const trace::Trace& t) {
   }
 }
 
-void write_output(const std::string& path, const std::string& content) {
-  if (path == "-") {
-    std::cout << content << std::flush;
-    return;
-  }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << content;
-  out.close();
-  if (!out) throw UsageError(fmt::format("cannot write '{}'", path));
-}
-
 int run_convert(const ConvertArgs& args) {
   const trace::Trace t = trace::read_trace(args.input, read_options(args.read));
   if (args.to == "lifetimes") {
     std::size_t dropped = 0;
-    write_output(args.output, lifetimes_csv(t, dropped));
+    write_output(args.output, lifetimes_csv(t, dropped), "convert");
     if (dropped > 0 || t.streams.size() > 1) {
       std::cerr << fmt::format(
           "cistern: note: a lifetime list keeps allocations and frees only; {} program calls "

@@ -34,30 +34,13 @@ Json or_null(const std::optional<T>& value) {
 
 Json row(const replay::DeviceResult& d) {
   const replay::Result& r = d.result;
-  Json j;
-  j["trace"] = r.trace;
-  j["device"] = r.device;
-  j["policy"] = r.policy;
-  j["start"] = r.start;
-  j["capacity"] = or_null(r.capacity);
-  j["peak_live"] = r.peak_live;
-  j["peak_reserved"] = or_null(r.peak_reserved);
-  j["overhead"] = or_null(r.overhead);
-  j["events"] = r.events;
-  j["ooms"] = r.ooms;
-  j["device_allocs"] = r.device_allocs;
-  j["device_frees"] = r.device_frees;
-  j["device_maps"] = r.device_maps;
-  j["device_unmaps"] = r.device_unmaps;
-  j["ns_per_op"] = or_null(r.ns_per_op);
+  Json j = result_json(r);  // the simulated replay's fields, then the measured ones
   j["allocator_ns_per_op"] = or_null(d.allocator_ns_per_op);
-  j["device_ms"] = or_null(r.device_ms);
   j["device_real_ms"] = r.error.empty() ? Json(d.real.total_ms()) : Json(nullptr);
   j["device_real_segment_ms"] = d.real.segment_ms;
   j["device_real_vmm_ms"] = d.real.vmm_ms;
   j["device_real_event_ms"] = d.real.event_ms;
   j["touched_bytes"] = d.touched_bytes;
-  j["error"] = r.error.empty() ? Json(nullptr) : Json(r.error);
   return j;
 }
 
@@ -67,17 +50,6 @@ std::string ms(const std::optional<double>& value) {
 
 std::string ns(const std::optional<double>& value) {
   return value ? fmt::format("{:.0f}", *value) : std::string("-");
-}
-
-void write_output(const std::string& path, const std::string& content) {
-  if (path == "-") {
-    std::cout << content << std::flush;
-    return;
-  }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << content;
-  out.close();
-  if (!out) throw UsageError(fmt::format("--json: cannot write '{}'", path));
 }
 
 /// 3 if a replay could not finish, else 4 if one ran out of memory, else 0; says why on stderr.
@@ -162,7 +134,7 @@ int run_device_replay(const DeviceReplayRequest& request) {
   const bool stdout_taken = request.json == "-";
   if (!stdout_taken && !request.quiet) std::cout << format_device_table(results);
   if (!request.json.empty()) {
-    write_output(request.json, format_device_json(results, device, request.touch));
+    write_output(request.json, format_device_json(results, device, request.touch), "--json");
   }
   return exit_status(results);
 }

@@ -196,17 +196,6 @@ std::string now_iso8601() {
   return text;
 }
 
-void write_file(const std::string& path, const std::string& content, const char* flag) {
-  if (path == "-") {
-    std::cout << content << std::flush;
-    return;
-  }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << content;
-  out.close();
-  if (!out) throw UsageError(fmt::format("{}: cannot write '{}'", flag, path));
-}
-
 bool any_oom(const std::vector<TraceResults>& groups) {
   for (const TraceResults& t : groups)
     for (const replay::Result& r : t.results)
@@ -290,10 +279,10 @@ int run_replay(const ReplayArgs& args) {
 
   const bool stdout_taken = args.json == "-" || args.html == "-";
   if (!stdout_taken && !args.quiet) std::cout << format_table(groups, plan.options.capacity);
-  if (!args.json.empty()) write_file(args.json, format_json(groups), "--json");
+  if (!args.json.empty()) write_output(args.json, format_json(groups), "--json");
   if (!args.html.empty()) {
     const ReportInfo info{CISTERN_VERSION, now_iso8601(), args.command_line, plan.options.capacity};
-    write_file(args.html, format_html(groups, info), "--html");
+    write_output(args.html, format_html(groups, info), "--html");
   }
   if (!args.snapshot.empty()) write_snapshots(traces, plan, args.snapshot);
   return exit_status(groups, args);

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,8 @@ std::string format_ratio(const std::optional<std::uint64_t>& min_capacity, std::
 /// peak_reserved, overhead, min_capacity, events, ooms, device_allocs, device_frees,
 /// device_maps, device_unmaps, ns_per_op, device_ms, error.
 std::string format_json(const std::vector<TraceResults>& traces);
+/// One result as a row of `format_json` (the fields above).
+nlohmann::ordered_json result_json(const replay::Result& r);
 
 // --- HTML ---------------------------------------------------------------------------------------
 

@@ -22,7 +22,9 @@ Json or_null(const std::optional<T>& value) {
   return value ? Json(*value) : Json(nullptr);
 }
 
-Json row(const replay::Result& r) {
+}  // namespace
+
+nlohmann::ordered_json result_json(const replay::Result& r) {
   Json j;
   j["trace"] = r.trace;
   j["device"] = r.device;
@@ -45,12 +47,10 @@ Json row(const replay::Result& r) {
   return j;
 }
 
-}  // namespace
-
 std::string format_json(const std::vector<TraceResults>& traces) {
   Json rows = Json::array();
   for (const TraceResults& t : traces)
-    for (const replay::Result& r : t.results) rows.push_back(row(r));
+    for (const replay::Result& r : t.results) rows.push_back(result_json(r));
   Json doc;
   doc["version"] = CISTERN_VERSION;
   doc["results"] = std::move(rows);
