@@ -399,6 +399,29 @@ TEST_F(Cli, ConvertToNativeAndBackReplaysTheSame) {
   }
 }
 
+TEST_F(Cli, SnapshotPerPolicyReadsBackWithTheReplaysFigures) {
+  const fs::path csv = lifetimes("t.csv", {1000, 3 << 20, 512, 25 << 20, 7000, 1 << 20});
+  const fs::path snapshot = temp("s.pickle");
+  const Outcome r = run("replay --policy cistern,torch --json - --snapshot " +
+                        quote(snapshot.string()) + " " + quote(csv.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  for (const std::string policy : {"cistern", "torch"}) {
+    const fs::path written = temp("s." + policy + ".pickle");
+    ASSERT_TRUE(fs::exists(written)) << written;
+    const Outcome info = run("info --json " + quote(written.string()));
+    ASSERT_EQ(info.code, 0) << info.err;
+    const json i = json::parse(info.out);
+    const json* row = find_row(doc, policy);
+    ASSERT_NE(row, nullptr) << policy;
+    EXPECT_EQ(i.at("format"), "pytorch");
+    EXPECT_EQ(i.at("allocs"), 6);
+    EXPECT_EQ(i.at("peak_live"), row->at("peak_live")) << policy;
+    EXPECT_EQ(i.at("recorded_peak_reserved"), row->at("peak_reserved")) << policy;
+  }
+  EXPECT_FALSE(fs::exists(snapshot)) << "with several policies each file names its policy";
+}
+
 TEST_F(Cli, ConvertToLifetimesKeepsPeakLive) {
   REQUIRE_TRACES();
   const std::string name = "pytorch/DeComFL/memory.pickle.gz";

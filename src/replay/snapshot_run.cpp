@@ -206,6 +206,9 @@ RecordedRun record_run(const trace::Trace& trace, const Policy& policy, const Op
   out.record.device = trace.device;
   out.record.snapshot = allocator->snapshot();
   if (own != nullptr) out.record.history = own->history();
+  // The snapshot is the state after the last event: the segments the allocator returns when it
+  // is destroyed below must not reach the history (`out` is the returned object itself).
+  recorder.history = nullptr;
   return out;
 }
 
