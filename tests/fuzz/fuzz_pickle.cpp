@@ -1,7 +1,8 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
 // libFuzzer harness for the pickle reader (and the gunzip in front of it). Any input must
-// either parse or raise cistern::InvalidArgument; sanitizers catch everything else. Build:
+// either parse or raise cistern::InvalidArgument; sanitizers catch everything else. Build with
+// -DCISTERN_BUILD_FUZZERS=ON and clang (tests/fuzz/CMakeLists.txt), or by hand:
 //   clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -DFMT_HEADER_ONLY \
 //     -Iinclude -Isrc tests/fuzz/fuzz_pickle.cpp src/trace/pickle.cpp src/trace/input.cpp -lz
 // Run with a corpus directory outside the repository, seeded with a few real snapshots:
