@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "support/reference_figures.hpp"
 #include "support/trace_sizes.hpp"
 
 namespace {
@@ -270,31 +271,18 @@ TEST_F(Cli, JsonToStdoutHasNoTableAndNoProgress) {
 }
 
 /// peak_live of every shared trace, from ../shared/traces/README.md.
-const std::map<std::string, std::uint64_t> kReadmePeakLive = {
-    {"pytorch/DeComFL/memory.pickle.gz", 1783664516},
-    {"pytorch/cs336_MAGMA27/memory_snapshot.pickle.gz", 13923997700},
-    {"pytorch/cs336_Wedsonlin/medium_ctx1024_inference.pickle.gz", 2877435904},
-    {"pytorch/cs336_Wedsonlin/medium_ctx1024_training.pickle.gz", 24207167496},
-    {"pytorch/cs336_Wedsonlin/medium_ctx128_inference.pickle.gz", 1736962048},
-    {"pytorch/cs336_Wedsonlin/medium_ctx128_training.pickle.gz", 7013335044},
-    {"pytorch/cs336_Wedsonlin/medium_ctx256_inference.pickle.gz", 1793775616},
-    {"pytorch/cs336_Wedsonlin/medium_ctx256_training.pickle.gz", 9103544320},
-    {"pytorch/cs336_Wedsonlin/medium_ctx512_inference.pickle.gz", 1949343744},
-    {"pytorch/cs336_Wedsonlin/medium_ctx512_training.pickle.gz", 12426629128},
-    {"kineto/df_index_resolver.json.gz", 6629508096},
-    {"somas/bert_base.csv", 15734934689},
-    {"somas/resnet50.csv", 1515472556},
-    {"somas/tiny_bert.csv", 758936113},
-    {"minimalloc/A.1048576.csv", 1048576},
-    {"minimalloc/C.1048576.csv", 1039360},
-    {"minimalloc/J.1048576.csv", 989184},
-    {"minimalloc/example.input.12.csv", 12},
-};
+std::map<std::string, std::uint64_t> readme_peak_live() {
+  std::map<std::string, std::uint64_t> peaks;
+  for (const auto& figures : cistern::testing::reference_figures())
+    peaks[figures.path] = figures.peak_live;
+  return peaks;
+}
 
 TEST_F(Cli, PeakLiveMatchesTheReadmeForEverySharedTrace) {
   REQUIRE_TRACES();
+  const std::map<std::string, std::uint64_t> expected = readme_peak_live();
   std::string files;
-  for (const auto& [name, peak] : kReadmePeakLive) files += " " + quote(trace(name));
+  for (const auto& [name, peak] : expected) files += " " + quote(trace(name));
   const Outcome o = run("replay --policy nocache --json -" + files);
   ASSERT_EQ(o.code, 0) << o.err;
   const json doc = json::parse(o.out);
@@ -305,7 +293,7 @@ TEST_F(Cli, PeakLiveMatchesTheReadmeForEverySharedTrace) {
     const std::string name = path.substr(path.find("/traces/") + 8);
     seen[name] = row.at("peak_live").get<std::uint64_t>();
   }
-  EXPECT_EQ(seen, kReadmePeakLive);
+  EXPECT_EQ(seen, expected);
 }
 
 TEST_F(Cli, ScaleMultipliesLifetimeSizes) {

@@ -22,6 +22,7 @@
 
 #include "cistern/errors.hpp"
 #include "replay/engine.hpp"
+#include "support/reference_figures.hpp"
 #include "support/trace_sizes.hpp"
 #include "trace/readers.hpp"
 
@@ -529,45 +530,7 @@ TEST(ReplayPolicy, RefusesWithClearMessages) {
 // --- the shared real traces -----------------------------------------------------------------------
 
 /// A shared trace and its README figures.
-struct SharedTrace {
-  const char* path;  ///< below <shared>/traces
-  std::uint64_t peak_live;
-};
-
-/// Names the trace in failure messages (instead of its bytes).
-void PrintTo(const SharedTrace& t, std::ostream* os) { *os << t.path; }
-
-const std::vector<SharedTrace>& shared_traces() {
-  static const std::vector<SharedTrace> all = {
-      {"pytorch/DeComFL/memory.pickle.gz", 1783664516},
-      {"pytorch/cs336_MAGMA27/memory_snapshot.pickle.gz", 13923997700},
-      {"pytorch/cs336_Wedsonlin/medium_ctx1024_inference.pickle.gz", 2877435904},
-      {"pytorch/cs336_Wedsonlin/medium_ctx1024_training.pickle.gz", 24207167496},
-      {"pytorch/cs336_Wedsonlin/medium_ctx128_inference.pickle.gz", 1736962048},
-      {"pytorch/cs336_Wedsonlin/medium_ctx128_training.pickle.gz", 7013335044},
-      {"pytorch/cs336_Wedsonlin/medium_ctx256_inference.pickle.gz", 1793775616},
-      {"pytorch/cs336_Wedsonlin/medium_ctx256_training.pickle.gz", 9103544320},
-      {"pytorch/cs336_Wedsonlin/medium_ctx512_inference.pickle.gz", 1949343744},
-      {"pytorch/cs336_Wedsonlin/medium_ctx512_training.pickle.gz", 12426629128},
-      {"kineto/df_index_resolver.json.gz", 6629508096},
-      {"somas/bert_base.csv", 15734934689},
-      {"somas/resnet50.csv", 1515472556},
-      {"somas/tiny_bert.csv", 758936113},
-      {"minimalloc/A.1048576.csv", 1048576},
-      {"minimalloc/B.1048576.csv", 1048576},
-      {"minimalloc/C.1048576.csv", 1039360},
-      {"minimalloc/D.1048576.csv", 986112},
-      {"minimalloc/E.1048576.csv", 1048576},
-      {"minimalloc/F.1048576.csv", 1048576},
-      {"minimalloc/G.1048576.csv", 1048576},
-      {"minimalloc/H.1048576.csv", 1048576},
-      {"minimalloc/I.1048576.csv", 1048576},
-      {"minimalloc/J.1048576.csv", 989184},
-      {"minimalloc/K.1048576.csv", 1048576},
-      {"minimalloc/example.input.12.csv", 12},
-  };
-  return all;
-}
+using SharedTrace = cistern::testing::ReferenceFigures;
 
 class SharedTraces : public ::testing::TestWithParam<SharedTrace> {
  protected:
@@ -606,14 +569,10 @@ TEST_P(SharedTraces, CisternNeedsNoMoreCapacityThanTorch) {
 }
 
 std::string test_name(const ::testing::TestParamInfo<SharedTrace>& info) {
-  std::string name = info.param.path;
-  for (char& c : name) {
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  return name;
+  return cistern::testing::identifier(info.param.path);
 }
 
-INSTANTIATE_TEST_SUITE_P(ReplayEngine, SharedTraces, ::testing::ValuesIn(shared_traces()),
-                         test_name);
+INSTANTIATE_TEST_SUITE_P(ReplayEngine, SharedTraces,
+                         ::testing::ValuesIn(cistern::testing::reference_figures()), test_name);
 
 }  // namespace
