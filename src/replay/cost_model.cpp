@@ -25,4 +25,33 @@ CostModel CostModel::defaults() {
   return c;
 }
 
+namespace {
+
+double mib(std::size_t bytes) noexcept {
+  return static_cast<double>(bytes) / static_cast<double>(MiB);
+}
+
+double granules(std::size_t bytes, std::size_t granularity) noexcept {
+  const std::size_t whole = (bytes + granularity - 1) / granularity;  // a partial one costs whole
+  return static_cast<double>(whole);
+}
+
+}  // namespace
+
+double CostModel::alloc_size_ns(std::size_t bytes) const noexcept {
+  return alloc_ns_per_mib * mib(bytes);
+}
+
+double CostModel::free_size_ns(std::size_t bytes) const noexcept {
+  return free_ns_per_mib * mib(bytes);
+}
+
+double CostModel::map_granules_ns(std::size_t bytes, std::size_t granularity) const noexcept {
+  return map_ns * granules(bytes, granularity);
+}
+
+double CostModel::unmap_granules_ns(std::size_t bytes, std::size_t granularity) const noexcept {
+  return unmap_ns * granules(bytes, granularity);
+}
+
 }  // namespace cistern::replay

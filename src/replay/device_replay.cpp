@@ -54,7 +54,7 @@ class TimedDevice final : public Device {
     simulated_ns_ += costs_.alloc_ns;
     if (status != Status::ok) return status;
     ++allocs_;
-    simulated_ns_ += costs_.alloc_ns_per_mib * mib(bytes);
+    simulated_ns_ += costs_.alloc_size_ns(bytes);
     remember(*ptr, bytes);
     return status;
   }
@@ -65,7 +65,7 @@ class TimedDevice final : public Device {
     ++frees_;
     const auto it = segments_.find(ptr);
     if (it != segments_.end()) {
-      simulated_ns_ += costs_.free_ns_per_mib * mib(it->second);
+      simulated_ns_ += costs_.free_size_ns(it->second);
       segments_.erase(it);
     }
     return status;
@@ -92,7 +92,7 @@ class TimedDevice final : public Device {
       return status;
     }
     ++maps_;
-    simulated_ns_ += costs_.map_ns * granules(bytes);
+    simulated_ns_ += costs_.map_granules_ns(bytes, device_.granularity());
     return status;
   }
   Status unmap(void* va, std::size_t bytes) noexcept override {
@@ -102,7 +102,7 @@ class TimedDevice final : public Device {
       return status;
     }
     ++unmaps_;
-    simulated_ns_ += costs_.unmap_ns * granules(bytes);
+    simulated_ns_ += costs_.unmap_granules_ns(bytes, device_.granularity());
     return status;
   }
 
@@ -143,14 +143,6 @@ class TimedDevice final : public Device {
   Status priced_event(Call&& call) noexcept {
     simulated_ns_ += costs_.event_ns;
     return timed(times_.event_ms, call);
-  }
-  double mib(std::size_t bytes) const noexcept {
-    return static_cast<double>(bytes) / static_cast<double>(MiB);
-  }
-  double granules(std::size_t bytes) const noexcept {
-    const std::size_t g = device_.granularity();
-    const std::size_t count = (bytes + g - 1) / g;
-    return static_cast<double>(count);
   }
   void remember(void* ptr, std::size_t bytes) noexcept {
     try {

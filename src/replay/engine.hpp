@@ -65,6 +65,16 @@ struct CostModel {
   double event_ns = 0;  ///< record / query / wait
   /// The default, from published and measured figures.
   static CostModel defaults();
+
+  /// The size-dependent parts of successful calls on `bytes` (every call also costs its fixed
+  /// part; a failed map or unmap costs map_ns or unmap_ns once): per MiB for cudaMalloc and
+  /// cudaFree, per granule of `granularity` bytes for map and unmap, a partial granule costing a
+  /// whole one. Every pricing of device calls (a policy's, the recording allocator's, a real
+  /// device's simulated figure) goes through these.
+  double alloc_size_ns(std::size_t bytes) const noexcept;
+  double free_size_ns(std::size_t bytes) const noexcept;
+  double map_granules_ns(std::size_t bytes, std::size_t granularity) const noexcept;
+  double unmap_granules_ns(std::size_t bytes, std::size_t granularity) const noexcept;
 };
 
 /// What a replay measures and how.

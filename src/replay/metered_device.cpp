@@ -12,16 +12,6 @@ void MeteredDevice::note_segment(std::uintptr_t address, std::size_t bytes) {
   segment_bytes_[address] = bytes;
 }
 
-double MeteredDevice::mib(std::size_t bytes) const noexcept {
-  return static_cast<double>(bytes) / static_cast<double>(MiB);
-}
-
-double MeteredDevice::granules(std::size_t bytes) const noexcept {
-  const std::size_t g = device_.granularity();
-  const std::size_t whole = (bytes + g - 1) / g;  // a partial granule costs a whole one
-  return static_cast<double>(whole);
-}
-
 // --- segments -----------------------------------------------------------------------------------------
 
 Status MeteredDevice::allocate(std::size_t bytes, void** ptr) noexcept {
@@ -29,7 +19,7 @@ Status MeteredDevice::allocate(std::size_t bytes, void** ptr) noexcept {
   calls_.ns += costs_.alloc_ns;
   if (status != Status::ok) return status;
   ++calls_.allocs;
-  calls_.ns += costs_.alloc_ns_per_mib * mib(bytes);
+  calls_.ns += costs_.alloc_size_ns(bytes);
   try {
     segment_bytes_[reinterpret_cast<std::uintptr_t>(*ptr)] = bytes;
   } catch (...) {
@@ -45,7 +35,7 @@ Status MeteredDevice::deallocate(void* ptr) noexcept {
   ++calls_.frees;
   const auto it = segment_bytes_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it != segment_bytes_.end()) {
-    calls_.ns += costs_.free_ns_per_mib * mib(it->second);
+    calls_.ns += costs_.free_size_ns(it->second);
     segment_bytes_.erase(it);
   }
   return status;
@@ -61,7 +51,7 @@ Status MeteredDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
     return status;
   }
   ++calls_.maps;
-  calls_.ns += costs_.map_ns * granules(bytes);
+  calls_.ns += costs_.map_granules_ns(bytes, device_.granularity());
   return status;
 }
 
@@ -72,7 +62,7 @@ Status MeteredDevice::unmap(void* va, std::size_t bytes) noexcept {
     return status;
   }
   ++calls_.unmaps;
-  calls_.ns += costs_.unmap_ns * granules(bytes);
+  calls_.ns += costs_.unmap_granules_ns(bytes, device_.granularity());
   return status;
 }
 

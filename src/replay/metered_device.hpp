@@ -65,8 +65,6 @@ class MeteredDevice final : public Device {
   Status synchronize_device() noexcept override;
 
  private:
-  double mib(std::size_t bytes) const noexcept;
-  double granules(std::size_t bytes) const noexcept;
   Status event_call(Status status) noexcept;
 
   SimDevice& device_;

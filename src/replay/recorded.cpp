@@ -40,29 +40,29 @@ std::vector<std::uint64_t> recorded_reserved(const trace::Trace& trace) {
   return after;
 }
 
+/// The recording allocator's granularity: the CUDA driver's 2 MiB.
+constexpr std::size_t kRecordedGranularity = 2 * MiB;
+
 /// Counts and prices the recorded segment events as the engine prices a policy's device calls.
 void count_device_calls(const trace::Trace& trace, const CostModel& costs, Result& r) {
   double ns = 0;
   for (const trace::RecordedSegmentEvent& s : trace.recorded.segment_events) {
-    const double mib = static_cast<double>(s.size) / static_cast<double>(MiB);
-    const std::size_t whole_granules = (s.size + 2 * MiB - 1) / (2 * MiB);
-    const auto granules = static_cast<double>(whole_granules);
     switch (s.kind) {
       case Kind::alloc:
         ++r.device_allocs;
-        ns += costs.alloc_ns + costs.alloc_ns_per_mib * mib;
+        ns += costs.alloc_ns + costs.alloc_size_ns(s.size);
         break;
       case Kind::free:
         ++r.device_frees;
-        ns += costs.free_ns + costs.free_ns_per_mib * mib;
+        ns += costs.free_ns + costs.free_size_ns(s.size);
         break;
       case Kind::map:
         ++r.device_maps;
-        ns += costs.map_ns * granules;
+        ns += costs.map_granules_ns(s.size, kRecordedGranularity);
         break;
       case Kind::unmap:
         ++r.device_unmaps;
-        ns += costs.unmap_ns * granules;
+        ns += costs.unmap_granules_ns(s.size, kRecordedGranularity);
         break;
     }
   }
