@@ -149,11 +149,13 @@ TEST_F(PyTorchSnapshot, SegmentsBlocksAndHistoryRoundTrip) {
   EXPECT_EQ(root.at("allocator_settings").at("max_split_size").as_int(), -1);
   EXPECT_EQ(root.at("external_annotations").size(), 0u);
 
-  // The PyTorch trace reader sees the program's calls: 3 allocs, 2 frees, one oom.
+  // The PyTorch trace reader sees the program's calls: 3 allocs, 2 frees, one oom, and the
+  // release of the out-of-memory path as an empty_cache event in its place.
   const trace::Trace t = trace::read_trace_bytes(pytorch_snapshot_pickle(*alloc), "rt.pickle");
-  ASSERT_EQ(t.events.size(), 5u);
+  ASSERT_EQ(t.events.size(), 6u);
   EXPECT_EQ(t.events[1].size, 3 * MiB);
   EXPECT_EQ(t.events[3].op, trace::Op::free);
+  EXPECT_EQ(t.events[4].op, trace::Op::empty_cache);
   EXPECT_EQ(t.recorded.ooms.size(), 1u);
   EXPECT_EQ(t.peak_live(), 1000 + 3 * MiB + 5000);
   alloc->deallocate(b, s1);
@@ -207,10 +209,13 @@ TEST(ReplaySnapshot, EveryPolicyRecordsItsRun) {
         replay::record_run(small_trace(), replay::Policy::parse(name), options);
     const trace::Trace back =
         trace::read_trace_bytes(pytorch_snapshot_pickle({run.record}, run.config), "back.pickle");
-    ASSERT_EQ(back.events.size(), 3u) << name;  // the failed 100 MiB alloc is an oom
+    // The failed 100 MiB alloc is an oom; the release before it (the out-of-memory path's,
+    // or nocache's return of the freed segment) reads back as an empty_cache event.
+    ASSERT_EQ(back.events.size(), 4u) << name;
     EXPECT_EQ(back.events[0].size, 1000u) << name;
     EXPECT_EQ(back.events[1].size, 30 * MiB) << name;
     EXPECT_EQ(back.events[2].op, trace::Op::free) << name;
+    EXPECT_EQ(back.events[3].op, trace::Op::empty_cache) << name;
     ASSERT_EQ(back.recorded.ooms.size(), 1u) << name;
     EXPECT_EQ(back.recorded.ooms[0].size, 100 * MiB) << name;
     // The out-of-memory path returned the empty small segment: the 30 MiB block's is left.

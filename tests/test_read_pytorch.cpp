@@ -260,14 +260,20 @@ TEST(PyTorchReader, SegmentsBeforeTheWindowAreRebuilt) {
   EXPECT_EQ(t.recorded.peak_reserved, static_cast<std::uint64_t>(42 * MiB));
   const auto& events = t.recorded.segment_events;
   ASSERT_EQ(events.size(), 3U);
+  // Each release (a segment_free with no allocation before it) is an empty_cache event, and its
+  // segment events follow it: empty_cache, alloc, empty_cache, alloc.
+  ASSERT_EQ(t.events.size(), 4U);
+  EXPECT_EQ(t.events[0].op, trace::Op::empty_cache);
+  EXPECT_EQ(t.events[0].time, 1);
+  EXPECT_EQ(t.events[2].op, trace::Op::empty_cache);
   EXPECT_EQ(events[0].kind, trace::RecordedSegmentEvent::Kind::free);
-  EXPECT_EQ(events[0].before_event, 0U);
-  EXPECT_EQ(events[1].before_event, 1U);
+  EXPECT_EQ(events[0].before_event, 1U);
+  EXPECT_EQ(events[1].before_event, 3U);
   EXPECT_EQ(events[2].kind, trace::RecordedSegmentEvent::Kind::alloc);
-  EXPECT_EQ(events[2].before_event, 1U);
+  EXPECT_EQ(events[2].before_event, 3U);
   EXPECT_EQ(events[2].time, 4);
   ASSERT_EQ(t.recorded.ooms.size(), 1U);
-  EXPECT_EQ(t.recorded.ooms[0].before_event, 2U);
+  EXPECT_EQ(t.recorded.ooms[0].before_event, 4U);
   EXPECT_EQ(t.recorded.ooms[0].size, static_cast<std::uint64_t>(80 * MiB));
   ASSERT_GE(t.recorded.settings.size(), 5U);
   EXPECT_EQ(t.recorded.settings[0],

@@ -155,6 +155,7 @@ std::string recorded_text(const trace::Recorded& r) {
       settings.push_back(fmt::format("{}={}", key, value));
     out += "  allocator settings        " + wrapped_list(settings, 28, 100) + "\n";
   }
+  for (const std::string& note : r.notes) out += "  not reproducible exactly: " + note + "\n";
   return out;
 }
 
@@ -208,6 +209,7 @@ nlohmann::ordered_json info_json(const trace::Trace& t, const std::vector<int>& 
       r.peak_reserved ? nlohmann::ordered_json(*r.peak_reserved) : nlohmann::ordered_json(nullptr);
   j["recorded_segment_events"] = r.segment_events.size();
   j["recorded_ooms"] = r.ooms.size();
+  j["notes"] = r.notes;
   nlohmann::ordered_json histogram = nlohmann::ordered_json::array();
   for (std::size_t k = 0; k < s.sizes.count.size(); ++k) {
     if (s.sizes.count[k] == 0) continue;

@@ -130,7 +130,8 @@ ReplayPlan make_plan(const ReplayArgs& args) {
 }
 
 /// Reads every trace, a few at a time in parallel (each may take much memory while it is
-/// parsed); rethrows the first reader error in command-line order.
+/// parsed), each device of a file as its own trace unless --device chooses one; rethrows the
+/// first reader error in command-line order.
 std::vector<trace::Trace> read_traces(const std::vector<std::string>& paths,
                                       const trace::ReadOptions& options, unsigned threads) {
   const std::size_t batch =
@@ -138,12 +139,14 @@ std::vector<trace::Trace> read_traces(const std::vector<std::string>& paths,
   std::vector<trace::Trace> traces;
   traces.reserve(paths.size());
   for (std::size_t first = 0; first < paths.size(); first += batch) {
-    std::vector<std::future<trace::Trace>> pending;
+    std::vector<std::future<std::vector<trace::Trace>>> pending;
     for (std::size_t i = first; i < std::min(paths.size(), first + batch); ++i)
       pending.push_back(std::async(std::launch::async, [&path = paths[i], &options] {
-        return trace::read_trace(path, options);
+        return trace::read_trace_devices(path, options);
       }));
-    for (auto& future : pending) traces.push_back(future.get());
+    for (auto& future : pending) {
+      for (trace::Trace& t : future.get()) traces.push_back(std::move(t));
+    }
   }
   return traces;
 }
@@ -153,6 +156,15 @@ void require_warm_startable(const std::vector<trace::Trace>& traces) {
     if (t.format != "pytorch")
       throw UsageError(fmt::format("--start warm needs PyTorch snapshots; {} is a {} trace",
                                    t.source, t.format));
+  }
+}
+
+/// What the replays of these traces cannot reproduce exactly (`Recorded::notes`), on stderr.
+void print_notes(const std::vector<trace::Trace>& traces) {
+  for (const trace::Trace& t : traces) {
+    for (const std::string& note : t.recorded.notes) {
+      std::cerr << fmt::format("note: {} (device {}): {}\n", t.source, t.device, note);
+    }
   }
 }
 
@@ -272,6 +284,7 @@ int run_replay(const ReplayArgs& args) {
   if (args.touch && !on_cuda) throw UsageError("--touch needs --backend cuda");
   const std::vector<trace::Trace> traces = read_traces(args.traces, plan.read, args.threads);
   if (plan.options.start == replay::Start::warm) require_warm_startable(traces);
+  if (!args.quiet) print_notes(traces);
   const std::vector<const trace::Trace*> pointers = pointers_to(traces);
   if (on_cuda) return run_replay_on_cuda(args, plan, pointers);
   const std::vector<TraceResults> groups =

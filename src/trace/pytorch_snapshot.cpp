@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <set>
 #include <unordered_map>
@@ -203,6 +204,7 @@ class WindowReader {
   }
 
   void on_alloc(Value event, const Place& at, std::size_t position) {
+    in_release_ = false;
     const std::uint64_t addr = at.address(event, "addr");
     if (lifetimes_.live_at(addr)) {
       at.fail(fmt::format("alloc at {:#x}, which is already allocated and not freed", addr));
@@ -213,6 +215,7 @@ class WindowReader {
   }
 
   void on_free_requested(Value event, const Place& at, std::size_t position) {
+    in_release_ = false;
     const std::uint64_t addr = at.address(event, "addr");
     if (lifetimes_.freed_at(addr)) {
       at.fail(fmt::format("free_requested of {:#x}, which the window already freed", addr));
@@ -242,6 +245,7 @@ class WindowReader {
   }
 
   void on_oom(Value event, const Place& at, std::size_t position) {
+    in_release_ = false;
     RecordedOom oom;
     oom.before_event = trace_.events.size();
     oom.size = at.size(event, "size");
@@ -259,13 +263,30 @@ class WindowReader {
     else if (action == "segment_map") segment.kind = Kind::map;
     else if (action == "segment_unmap") segment.kind = Kind::unmap;
     else at.fail(fmt::format("unknown action {}", quote(action)));
-    segment.before_event = trace_.events.size();
     segment.addr = at.address(event, "addr");
     segment.size = at.size(event, "size");
     segment.stream = streams_.index(at.stream(event));
     segment.time = time(event, at, position);
+    const bool releases = segment.kind == Kind::free || segment.kind == Kind::unmap;
+    if (releases && !in_release_) open_release(segment.time);
+    in_release_ = releases;
+    segment.before_event = trace_.events.size();
     trace_.recorded.segment_events.push_back(segment);
     segment_positions_.push_back(position);
+  }
+
+  /// PyTorch returns cached memory to the device only in `release_cached_blocks` (the program's
+  /// `empty_cache()`, or the release-and-retry of an allocation that found the device full) and,
+  /// with `garbage_collection_threshold` or `max_split_size` set, in their partial releases: a
+  /// run of `segment_free` / `segment_unmap` events with no allocation between. The snapshot
+  /// does not say which, so the run becomes an `empty_cache` event at its place - the release the
+  /// events show - and the release's own segment events follow it.
+  void open_release(std::int64_t time) {
+    Event release;
+    release.op = Op::empty_cache;
+    release.time = time;
+    trace_.events.push_back(release);
+    release_events_.push_back(trace_.events.size() - 1);
   }
 
   /// The final segments of this device: the held memory for `history`, and the blocks that were
@@ -335,6 +356,12 @@ class WindowReader {
   StreamTable streams_;
   std::unordered_map<std::uint64_t, Pending> pending_;  ///< requested, not yet completed frees
   std::vector<std::size_t> segment_positions_;          ///< where each segment event was read
+  bool in_release_ = false;                  ///< the last event read was a segment_free/unmap
+  std::vector<std::size_t> release_events_;  ///< the empty_cache events made of releases
+
+ public:
+  /// The events made of PyTorch's releases (see `open_release`), in order.
+  const std::vector<std::size_t>& release_events() const noexcept { return release_events_; }
 };
 
 /// A setting's value as text: strings as they are, dicts in PyTorch's option syntax
@@ -361,6 +388,62 @@ void read_settings(const std::optional<Value>& settings, Recorded& recorded) {
   }
 }
 
+/// The number of entries in `device`'s trace buffer.
+std::size_t window_length(const Snapshot& snapshot, int device) {
+  const auto index = static_cast<std::size_t>(device);
+  if (index >= snapshot.device_traces.size()) return 0;
+  const Value events = snapshot.device_traces[index];
+  return events.is_sequence() ? events.size() : 0;
+}
+
+/// The value of setting `key`, or "".
+std::string setting(const Recorded& recorded, std::string_view key) {
+  for (const auto& [name, value] : recorded.settings) {
+    if (name == key) return value;
+  }
+  return {};
+}
+
+/// Whether PyTorch, with these settings, also releases part of its cache on its own
+/// (`garbage_collection_threshold`, or `release_available_cached_blocks` under
+/// `max_split_size`), so that a release the window shows may have been partial.
+bool releases_partially(const Recorded& recorded) {
+  const std::string split = setting(recorded, "max_split_size");
+  const std::string gc = setting(recorded, "garbage_collection_threshold");
+  const bool split_set = !split.empty() && split != "-1" && split != "0";
+  const bool gc_set = !gc.empty() && std::strtod(gc.c_str(), nullptr) > 0;
+  return split_set || gc_set;
+}
+
+/// `Recorded::notes`: what a replay of this window cannot reproduce exactly, and why.
+void add_notes(Trace& trace, const std::vector<std::size_t>& releases, std::size_t entries) {
+  Recorded& recorded = trace.recorded;
+  // PyTorch keeps the newest `max_entries` events (a ring buffer): a window exactly as long as
+  // a round max_entries most likely lost its oldest events, and with them the allocations and
+  // releases that made the cache the window opens with.
+  constexpr std::size_t round_buffer = 1000;
+  if (entries >= round_buffer && entries % round_buffer == 0) {
+    recorded.notes.push_back(fmt::format(
+        "the window holds exactly {} events, a round _record_memory_history(max_entries=...): "
+        "PyTorch's trace buffer most likely overflowed and dropped older events; the cache at "
+        "the window's start is rebuilt from the segments, but events before it are lost",
+        entries));
+  }
+  if (!releases.empty() && releases_partially(recorded)) {
+    recorded.notes.push_back(fmt::format(
+        "{} release(s) of cached segments (segment_free/segment_unmap with no allocation between, "
+        "first at event {}) are replayed as empty_cache(); with max_split_size or "
+        "garbage_collection_threshold set PyTorch may have released only part of its cache there",
+        releases.size(), releases.front()));
+  }
+  if (!recorded.ooms.empty()) {
+    recorded.notes.push_back(fmt::format(
+        "{} allocation(s) failed in the recording (oom events, first before event {}); the "
+        "program went on without them, so they are not replayed",
+        recorded.ooms.size(), recorded.ooms.front().before_event));
+  }
+}
+
 }  // namespace
 
 Trace read_pytorch_snapshot(std::string bytes, const std::string& name,
@@ -372,8 +455,10 @@ Trace read_pytorch_snapshot(std::string bytes, const std::string& name,
   trace.source = name;
   trace.format = to_string(Format::pytorch);
   trace.device = choose_device(snapshot, name, options);
-  WindowReader(snapshot, name, trace.device, trace).run();
+  WindowReader reader(snapshot, name, trace.device, trace);
+  reader.run();
   read_settings(snapshot.settings, trace.recorded);
+  add_notes(trace, reader.release_events(), window_length(snapshot, trace.device));
   return trace;
 }
 

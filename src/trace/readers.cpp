@@ -119,4 +119,21 @@ std::vector<int> list_devices(const std::string& path, const ReadOptions& option
   return {options.device.value_or(0)};
 }
 
+std::vector<Trace> read_trace_devices(const std::string& path, const ReadOptions& options) {
+  if (options.device) return {read_trace(path, options)};
+  std::string bytes = read_file(path);
+  const Format format = options.format ? *options.format : detect_format(bytes, path);
+  std::vector<int> devices;
+  if (format == Format::pytorch) devices = detail::pytorch_snapshot_devices(bytes, path);
+  if (format == Format::kineto) devices = detail::kineto_devices(bytes, path);
+  if (devices.size() <= 1) return {read_trace_bytes(std::move(bytes), path, options)};
+  std::vector<Trace> traces;
+  for (const int device : devices) {
+    ReadOptions one = options;
+    one.device = device;
+    traces.push_back(read_trace_bytes(bytes, path, one));
+  }
+  return traces;
+}
+
 }  // namespace cistern::trace

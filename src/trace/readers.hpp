@@ -90,6 +90,11 @@ Trace read_trace(const std::string& path, const ReadOptions& options = {});
 /// and becomes `Trace::source`.
 Trace read_trace_bytes(std::string bytes, const std::string& name, const ReadOptions& options = {});
 
+/// Every device of the trace file at `path`, each read as its own trace, in ascending device
+/// order (`list_devices`); only `options.device` when it is set. A file of one device gives one
+/// trace, as `read_trace` does.
+std::vector<Trace> read_trace_devices(const std::string& path, const ReadOptions& options = {});
+
 /// The devices a trace file holds, ascending: those with events or, for PyTorch snapshots,
 /// segments. Single-device formats give `options.device` or 0.
 std::vector<int> list_devices(const std::string& path, const ReadOptions& options = {});

@@ -140,6 +140,10 @@ struct Recorded {
   std::vector<RecordedFreeCompletion> deferred_frees;
   /// Allocations the recording allocator failed, in order.
   std::vector<RecordedOom> ooms;
+  /// Where and why a replay cannot reproduce the recording exactly (a trace buffer that
+  /// overflowed, a release the format does not explain, ...), one sentence each, for `cistern
+  /// info` and the replay's report. Empty when the reader saw nothing of the kind.
+  std::vector<std::string> notes;
 };
 
 /// One device's allocation trace.
