@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cistern/pytorch_snapshot.hpp"
 #include "support/reference_figures.hpp"
 #include "support/trace_sizes.hpp"
 
@@ -472,6 +473,80 @@ TEST_F(Cli, BackendCudaRefusesWhatOnlyTheSimulatedDeviceCanDo) {
     const Outcome o = run(std::string("replay ") + flags + " " + quote(csv.string()));
     EXPECT_EQ(o.code, 2) << flags << "\n" << o.err;
   }
+}
+
+// --- several devices, advise --------------------------------------------------------------------
+
+/// A snapshot of devices 0 and 1, each allocating 1000 bytes in a new small segment.
+std::string two_device_snapshot() {
+  std::vector<cistern::DeviceRecord> devices;
+  for (int d = 0; d < 2; ++d) {
+    const std::uintptr_t base = 0x7f0000000000 + (static_cast<std::uintptr_t>(d) << 36);
+    cistern::DeviceRecord record;
+    record.device = d;
+    cistern::HistoryEntry segment, alloc;
+    segment.action = cistern::HistoryEntry::Action::segment_alloc;
+    segment.addr = base;
+    segment.size = 2u << 20;
+    alloc.addr = base;
+    alloc.size = 1000;
+    record.history = {segment, alloc};
+    cistern::SegmentInfo held;
+    held.device = d;
+    held.address = base;
+    held.total_size = 2u << 20;
+    held.blocks = {{base, 1024, 1000, cistern::BlockState::active_allocated},
+                   {base + 1024, (2u << 20) - 1024, 0, cistern::BlockState::inactive}};
+    record.snapshot.segments = {held};
+    devices.push_back(record);
+  }
+  return cistern::pytorch_snapshot_pickle(devices, cistern::Config{});
+}
+
+TEST_F(Cli, ReplayGivesOneRowPerDeviceUnlessOneIsChosen) {
+  write(temp("two.pickle"), two_device_snapshot());
+  const std::string file = quote(temp("two.pickle").string());
+  const Outcome all = run("replay -p torch --start warm --json - " + file);
+  ASSERT_EQ(all.code, 0) << all.err;
+  std::map<int, int> rows;
+  const json doc = json::parse(all.out);
+  for (const json& row : doc.at("results")) {
+    ++rows[row.at("device").get<int>()];
+    EXPECT_EQ(row.at("peak_reserved").get<std::uint64_t>(), 2u << 20) << row;
+  }
+  EXPECT_EQ(rows, (std::map<int, int>{{0, 2}, {1, 2}}));  // recorded and torch, per device
+  const Outcome one = run("replay -p torch --device 1 --json - " + file);
+  ASSERT_EQ(one.code, 0) << one.err;
+  const json chosen = json::parse(one.out);
+  for (const json& row : chosen.at("results")) EXPECT_EQ(row.at("device"), 1);
+}
+
+TEST_F(Cli, AdviseFindsTheBestConfigurationAndWritesJsonAndHtml) {
+  // A 100 MiB buffer freed, then a 12 MiB one that outlives a 95 MiB one (test_advise.cpp works
+  // the figures out): PyTorch's defaults need 196 MiB, max_split_size_mb:95 108 MiB.
+  const std::uint64_t mib = 1u << 20;
+  write(temp("pin.csv"), "id,lower,upper,size\n0,0,1," + std::to_string(100 * mib) + "\n1,1,4," +
+                             std::to_string(12 * mib) + "\n2,2,3," + std::to_string(95 * mib) +
+                             "\n");
+  const fs::path out = temp("advice.json"), html = temp("advice.html");
+  const Outcome o = run("advise --json " + quote(out.string()) + " --html " + quote(html.string()) +
+                        " " + quote(temp("pin.csv").string()));
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("max_split_size_mb:95"), std::string::npos) << o.out;
+  const json doc = json::parse(slurp(out));
+  ASSERT_EQ(doc.at("results").size(), 1u);
+  const json& r = doc.at("results")[0];
+  EXPECT_EQ(r.at("device"), 0);
+  EXPECT_EQ(r.at("baseline").at("config"), "");
+  EXPECT_EQ(r.at("baseline").at("min_capacity").get<std::uint64_t>(), 196 * mib);
+  EXPECT_EQ(r.at("best").at("config"), "max_split_size_mb:95");
+  EXPECT_EQ(r.at("best").at("min_capacity").get<std::uint64_t>(), 108 * mib);
+  ASSERT_GT(r.at("candidates").size(), 10u);
+  for (const char* key : {"config", "min_capacity", "device_allocs", "device_ms"})
+    EXPECT_TRUE(r.at("candidates")[0].contains(key)) << key;
+  const std::string page = slurp(html);
+  EXPECT_NE(page.find("PYTORCH_CUDA_ALLOC_CONF"), std::string::npos);
+  EXPECT_NE(page.find("max_split_size_mb:95"), std::string::npos);
 }
 
 }  // namespace

@@ -55,5 +55,7 @@ Command add_replay_command(CLI::App& parent);
 Command add_info_command(CLI::App& parent);
 /// `cistern convert INPUT OUTPUT`: rewrite a trace in another format.
 Command add_convert_command(CLI::App& parent);
+/// `cistern advise TRACE...`: the PYTORCH_CUDA_ALLOC_CONF that needs the smallest device.
+Command add_advise_command(CLI::App& parent);
 
 }  // namespace cistern::cli

@@ -199,15 +199,6 @@ std::vector<replay::Result> replay_all(const std::vector<const trace::Trace*>& p
   return results;
 }
 
-std::string now_iso8601() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &utc);
-  return text;
-}
-
 bool any_oom(const std::vector<TraceResults>& groups) {
   for (const TraceResults& t : groups)
     for (const replay::Result& r : t.results)
@@ -302,6 +293,15 @@ int run_replay(const ReplayArgs& args) {
 }
 
 }  // namespace
+
+std::string now_iso8601() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &utc);
+  return text;
+}
 
 std::vector<TraceResults> group_results(const std::vector<const trace::Trace*>& traces,
                                         std::vector<replay::Result> results,

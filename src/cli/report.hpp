@@ -68,6 +68,9 @@ struct ReportInfo {
   std::uint64_t capacity = 0;
 };
 
+/// The present time for a report's header: "2026-01-31 12:00 UTC".
+std::string now_iso8601();
+
 /// A self-contained HTML page (inline CSS, SVG and a little JS; nothing fetched): per trace a
 /// memory timeline (live bytes and every policy's reserved bytes), the results table, and the
 /// segment map at each policy's peak.

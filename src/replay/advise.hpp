@@ -1,0 +1,82 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// `cistern advise`: which PYTORCH_CUDA_ALLOC_CONF needs the smallest device for a workload.
+//
+// Every configuration is replayed on the `torch` emulation (cold start: each configuration
+// builds its own cache from an empty device, the snapshot's own settings included), and its
+// min_capacity - the smallest simulated device, to 2 MiB, on which the whole trace runs without
+// an out-of-memory error, PyTorch's release-and-retry included - is the figure compared.
+//
+// The search is staged, which is how it stays small (tens of configurations, not the thousands
+// of the full product):
+//  1. each option alone: `max_split_size_mb` at values drawn from the trace's own sizes (a
+//     threshold acts on a request only through which side of it the request falls, so one value
+//     per gap between distinct large sizes covers every behaviour; at most `split_values` of
+//     them, evenly spread), `roundup_power2_divisions` 2, 4, 8 and 16, and
+//     `garbage_collection_threshold` 0.6 and 0.8 with `per_process_memory_fraction:0.99` (the
+//     threshold does nothing without a fraction);
+//  2. per-size `roundup_power2_divisions` lists around the trace's byte-weighted median size:
+//     the best single value above it and no rounding below, and the reverse;
+//  3. every combination of each option's three best values (two for garbage collection),
+//     "unset" counting as a value.
+// `expandable_segments` is not searched: the emulation does not implement expandable segments
+// yet (torch_allocator.hpp), so its figure would only repeat the defaults'.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "replay/engine.hpp"
+#include "trace/trace.hpp"
+
+namespace cistern::replay {
+
+/// One configuration tried, with its figures.
+struct AdviceCandidate {
+  std::string config;  ///< in PYTORCH_CUDA_ALLOC_CONF syntax; "" is PyTorch's defaults
+  std::uint64_t min_capacity = 0;
+  std::uint64_t device_allocs = 0;  ///< cudaMalloc calls of a replay on `Options::capacity`
+  double device_ms = 0;             ///< their simulated device time (cost model)
+  std::string error;  ///< why the configuration could not be replayed, if it could not
+};
+
+/// What `advise` found for one trace.
+struct Advice {
+  std::string trace;  ///< source path
+  int device = 0;
+  AdviceCandidate baseline;  ///< the trace's own settings (PyTorch's defaults when it has none)
+  AdviceCandidate defaults;  ///< PyTorch's defaults
+  /// Every configuration replayed without error, best first: smallest min_capacity, then least
+  /// device time, then the shortest configuration string.
+  std::vector<AdviceCandidate> candidates;
+  std::uint64_t cistern_min_capacity = 0;  ///< cistern's own allocator, default options
+  double seconds = 0;                      ///< wall time of the search
+};
+
+/// How `advise` runs.
+struct AdviseOptions {
+  Options replay;                ///< capacity (device calls are counted on it) and cost model
+  unsigned threads = 0;          ///< replays at once (0: one per core)
+  std::size_t split_values = 8;  ///< most max_split_size_mb values tried alone
+};
+
+/// The `max_split_size_mb` values (MiB) that stage 1 tries for `trace`: one per gap between
+/// the distinct request sizes of at least the large segment size (20 MiB), rounded up to a
+/// whole MiB, at most `limit` of them evenly spread over the sorted values.
+std::vector<std::uint64_t> max_split_values(const trace::Trace& trace, std::size_t limit);
+
+/// The per-size `roundup_power2_divisions` lists stage 2 tries with `divisions` as the best
+/// single value: "[K:1,>:d]" and "[K:d,>:1]" for K the power of two (MiB) at or below the
+/// trace's byte-weighted median request, and twice that.
+std::vector<std::string> division_lists(const trace::Trace& trace, unsigned divisions);
+
+/// Searches PyTorch's options for `trace` (see the file comment). `progress(done, total)` is
+/// called from the calling thread as replays finish (total grows from stage to stage). Throws
+/// `cistern::Error` when the trace cannot be replayed at all.
+Advice advise(const trace::Trace& trace, const AdviseOptions& options,
+              const std::function<void(std::size_t, std::size_t)>& progress = {});
+
+}  // namespace cistern::replay

@@ -1,0 +1,110 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// `cistern advise`'s search (replay/advise.hpp): the values it draws from a trace, and that it
+// finds the configuration that a hand-worked example says is best, with that example's figures.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "replay/advise.hpp"
+#include "trace/trace.hpp"
+
+namespace cistern::replay {
+namespace {
+
+constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+
+/// A trace of allocations and frees in the order given: a positive size allocates the next id,
+/// a negative number frees that id minus one (-1 frees id 0).
+trace::Trace make_trace(const std::vector<std::int64_t>& steps) {
+  trace::Trace t;
+  t.source = "advise-test";
+  t.format = "lifetimes";
+  std::vector<std::uint64_t> sizes;
+  for (const std::int64_t step : steps) {
+    trace::Event e;
+    e.time = static_cast<std::int64_t>(t.events.size());
+    if (step > 0) {
+      e.op = trace::Op::alloc;
+      e.id = sizes.size();
+      e.size = static_cast<std::uint64_t>(step);
+      sizes.push_back(e.size);
+    } else {
+      e.op = trace::Op::free;
+      e.id = static_cast<std::uint64_t>(-step - 1);
+      e.size = sizes.at(e.id);
+    }
+    t.events.push_back(e);
+  }
+  t.check();
+  return t;
+}
+
+std::int64_t mib(double m) { return static_cast<std::int64_t>(m * static_cast<double>(MiB)); }
+
+TEST(Advise, SplitValuesComeFromTheTracesLargeSizes) {
+  const trace::Trace t = make_trace({mib(1), mib(25), mib(25.5), mib(30), mib(100), mib(19.5)});
+  EXPECT_EQ(max_split_values(t, 8), (std::vector<std::uint64_t>{25, 26, 30, 100}));
+  EXPECT_EQ(max_split_values(t, 2), (std::vector<std::uint64_t>{25, 100}));
+  EXPECT_TRUE(max_split_values(make_trace({mib(1), mib(19)}), 8).empty());
+}
+
+TEST(Advise, DivisionListsSitAtTheByteMedian) {
+  // Bytes: 3 x 1 MiB, 1 x 40 MiB: the byte-weighted median is 40 MiB, in [32, 64) MiB.
+  const trace::Trace t = make_trace({mib(1), mib(1), mib(1), mib(40)});
+  EXPECT_EQ(division_lists(t, 4),
+            (std::vector<std::string>{
+                "roundup_power2_divisions:[32:1,>:4]", "roundup_power2_divisions:[32:4,>:1]",
+                "roundup_power2_divisions:[64:1,>:4]", "roundup_power2_divisions:[64:4,>:1]"}));
+  EXPECT_TRUE(division_lists(t, 1).empty());
+}
+
+// A 100 MiB segment is cached; a 12 MiB block splits it and stays live, so a 95 MiB request
+// needs a segment of its own: 100 + 96 = 196 MiB under PyTorch's defaults, and no release can
+// help. With max_split_size_mb:95 the 12 MiB request may not split the 100 MiB block: on a
+// large device it gets a 12 MiB segment and the 95 MiB request takes the whole 100 MiB block
+// (2 cudaMalloc calls); on a device of 108 MiB its miss first releases the cached 100 MiB
+// segment, and the 95 MiB request then gets 96 MiB: 12 + 96 = 108 MiB.
+TEST(Advise, FindsTheSplitThresholdThatAvoidsPinnedSegments) {
+  const trace::Trace t = make_trace({mib(100), -1, mib(12), mib(95), -3, -2});
+  AdviseOptions options;
+  options.threads = 2;
+  std::size_t calls = 0;
+  const Advice advice = advise(t, options, [&](std::size_t done, std::size_t total) {
+    EXPECT_LE(done, total);
+    ++calls;
+  });
+  EXPECT_GT(calls, 0u);
+  EXPECT_EQ(advice.baseline.config, "");
+  EXPECT_EQ(advice.baseline.min_capacity, 196 * MiB);
+  EXPECT_EQ(advice.defaults.min_capacity, 196 * MiB);
+  ASSERT_FALSE(advice.candidates.empty());
+  EXPECT_EQ(advice.candidates.front().config, "max_split_size_mb:95");
+  EXPECT_EQ(advice.candidates.front().min_capacity, 108 * MiB);
+  EXPECT_EQ(advice.candidates.front().device_allocs, 2u);
+  for (std::size_t i = 1; i < advice.candidates.size(); ++i) {
+    EXPECT_LE(advice.candidates[i - 1].min_capacity, advice.candidates[i].min_capacity);
+  }
+  // Stage 3 combined the best split value with rounding; every configuration is tried once.
+  bool combined = false;
+  for (const AdviceCandidate& c : advice.candidates) {
+    combined |= c.config.find("max_split_size_mb:95,roundup_power2_divisions") == 0;
+    EXPECT_TRUE(c.error.empty());
+  }
+  EXPECT_TRUE(combined);
+  EXPECT_GT(advice.cistern_min_capacity, 0u);
+}
+
+TEST(Advise, BaselineIsTheTracesOwnSettings) {
+  trace::Trace t = make_trace({mib(100), -1, mib(12), mib(95), -3, -2});
+  t.recorded.settings = {{"max_split_size", std::to_string(95 * MiB)}};
+  const Advice advice = advise(t, AdviseOptions{});
+  EXPECT_EQ(advice.baseline.config, "max_split_size_mb:95");
+  EXPECT_EQ(advice.baseline.min_capacity, 108 * MiB);
+  EXPECT_EQ(advice.defaults.min_capacity, 196 * MiB);
+}
+
+}  // namespace
+}  // namespace cistern::replay
