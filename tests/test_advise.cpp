@@ -4,6 +4,7 @@
 // finds the configuration that a hand-worked example says is best, with that example's figures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -94,6 +95,15 @@ TEST(Advise, FindsTheSplitThresholdThatAvoidsPinnedSegments) {
     EXPECT_TRUE(c.error.empty());
   }
   EXPECT_TRUE(combined);
+  // Expandable segments place the 95 MiB block right after the 12 MiB one, across 20 MiB
+  // pages: 107 MiB of blocks in 6 pages, 120 MiB.
+  const auto expandable =
+      std::find_if(advice.candidates.begin(), advice.candidates.end(),
+                   [](const AdviceCandidate& c) { return c.config == "expandable_segments:True"; });
+  ASSERT_NE(expandable, advice.candidates.end());
+  EXPECT_EQ(expandable->min_capacity, 120 * MiB);
+  EXPECT_EQ(expandable->device_allocs, 0u);
+  EXPECT_GT(expandable->device_maps, 0u);
   EXPECT_GT(advice.cistern_min_capacity, 0u);
 }
 

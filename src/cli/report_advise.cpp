@@ -44,10 +44,10 @@ std::string format_advice_table(const std::vector<replay::Advice>& advice, std::
                        "cudaMalloc", "device_ms", "PYTORCH_CUDA_ALLOC_CONF");
     for (std::size_t i = 0; i < a.candidates.size() && i < rows; ++i) {
       const replay::AdviceCandidate& c = a.candidates[i];
-      out += fmt::format("  {:>4} {:>12} {:>8} {:>10} {:>10.2f}  {}\n", i + 1,
+      out += fmt::format("  {:>4} {:>12} {:>8} {:>10} {:>6} {:>10.2f}  {}\n", i + 1,
                          format_bytes(c.min_capacity),
                          saving_text(c.min_capacity, a.baseline.min_capacity), c.device_allocs,
-                         c.device_ms, shown(c.config));
+                         c.device_maps, c.device_ms, shown(c.config));
     }
     out += fmt::format("  cistern (its defaults) needs {} ({} below the baseline)\n\n",
                        format_bytes(a.cistern_min_capacity),
@@ -64,6 +64,7 @@ nlohmann::ordered_json advice_json(const std::vector<replay::Advice>& advice) {
       candidates.push_back({{"config", c.config},
                             {"min_capacity", c.min_capacity},
                             {"device_allocs", c.device_allocs},
+                            {"device_maps", c.device_maps},
                             {"device_ms", c.device_ms}});
     }
     nlohmann::ordered_json row;
@@ -92,14 +93,15 @@ std::string advice_section_html(const replay::Advice& a, std::size_t rows) {
       saving_text(a.cistern_min_capacity, a.baseline.min_capacity), a.candidates.size(), a.seconds);
   out +=
       "<table><thead><tr><th>rank</th><th>PYTORCH_CUDA_ALLOC_CONF</th><th>min capacity</th>"
-      "<th>saving</th><th>cudaMalloc</th><th>device ms</th></tr></thead><tbody>";
+      "<th>saving</th><th>cudaMalloc</th><th>maps</th><th>device ms</th></tr></thead><tbody>";
   for (std::size_t i = 0; i < a.candidates.size() && i < rows; ++i) {
     const replay::AdviceCandidate& c = a.candidates[i];
     out += fmt::format(
-        "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td>"
+        "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{:.2f}</td></tr>",
         i + 1, html::esc(shown(c.config)), format_bytes(c.min_capacity),
-        saving_text(c.min_capacity, a.baseline.min_capacity), c.device_allocs, c.device_ms);
+        saving_text(c.min_capacity, a.baseline.min_capacity), c.device_allocs, c.device_maps,
+        c.device_ms);
   }
   return out + "</tbody></table></section>";
 }
@@ -121,8 +123,8 @@ std::string format_advice_html(const std::vector<replay::Advice>& advice, const 
       "allocator was replayed on cistern's emulation of it, from an empty device. <b>Min "
       "capacity</b> is the smallest device (to 2 MiB) on which the whole trace runs without an "
       "out-of-memory error; <b>saving</b> is how much smaller that is than the trace's own "
-      "settings need. cudaMalloc calls and their simulated time are those of a replay on a "
-      "device of the run's capacity.</p></main></body></html>\n";
+      "settings need. cudaMalloc calls, page mappings (expandable segments) and their simulated "
+      "time are those of a replay on a device of the run's capacity.</p></main></body></html>\n";
   return out;
 }
 

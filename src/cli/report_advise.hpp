@@ -14,13 +14,13 @@
 namespace cistern::cli {
 
 /// Per trace: the baseline, the `rows` best configurations (min_capacity, saving against the
-/// baseline, cudaMalloc calls, simulated device ms, the PYTORCH_CUDA_ALLOC_CONF string), and
+/// baseline, cudaMalloc calls, page maps, simulated device ms, the PYTORCH_CUDA_ALLOC_CONF), and
 /// cistern's own figure.
 std::string format_advice_table(const std::vector<replay::Advice>& advice, std::size_t rows);
 
 /// `{"results": [{"trace", "device", "baseline": {"config", "min_capacity"}, "defaults": {...},
 /// "best": {...}, "cistern": {"min_capacity"}, "seconds", "candidates": [{"config",
-/// "min_capacity", "device_allocs", "device_ms"}, ...]}]}`, candidates best first.
+/// "min_capacity", "device_allocs", "device_maps", "device_ms"}, ...]}]}`, best first.
 nlohmann::ordered_json advice_json(const std::vector<replay::Advice>& advice);
 
 /// One trace's section of the HTML report: the `rows` best configurations as a table.

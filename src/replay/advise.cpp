@@ -91,6 +91,7 @@ class Search {
       AdviceCandidate& candidate = tried_[names.at(next++)];
       candidate.min_capacity = row.min_capacity.value_or(0);
       candidate.device_allocs = row.device_allocs;
+      candidate.device_maps = row.device_maps;
       candidate.device_ms = row.device_ms.value_or(0);
       candidate.error = row.error;
       if (candidate.error.empty() && !row.min_capacity) candidate.error = "no min_capacity found";
@@ -230,8 +231,9 @@ Advice advise(const trace::Trace& trace, const AdviseOptions& options,
   const std::vector<std::string> splits = split_configs(trace, options.split_values);
   const std::vector<std::string> singles = single_division_configs();
   const std::vector<std::string> gcs = gc_configs();
+  const std::vector<std::string> expandables{"expandable_segments:True"};
   std::vector<std::string> stage1{"", baseline};
-  for (const auto* group : {&splits, &singles, &gcs})
+  for (const auto* group : {&splits, &singles, &gcs, &expandables})
     stage1.insert(stage1.end(), group->begin(), group->end());
   search.evaluate(stage1);
   if (!search.get("").error.empty()) {
@@ -251,7 +253,8 @@ Advice advise(const trace::Trace& trace, const AdviseOptions& options,
   for (const std::string& split : with_unset(search.best_of(splits, 3)))
     for (const std::string& rounding : with_unset(search.best_of(roundings, 3)))
       for (const std::string& gc : with_unset(search.best_of(gcs, 1)))
-        combinations.push_back(joined({split, rounding, gc}));
+        for (const std::string& expandable : with_unset(expandables))
+          combinations.push_back(joined({split, rounding, gc, expandable}));
   search.evaluate(combinations);
   search.evaluate({""}, "cistern");
 

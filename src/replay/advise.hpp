@@ -14,13 +14,11 @@
 //     per gap between distinct large sizes covers every behaviour; at most `split_values` of
 //     them, evenly spread), `roundup_power2_divisions` 2, 4, 8 and 16, and
 //     `garbage_collection_threshold` 0.6 and 0.8 with `per_process_memory_fraction:0.99` (the
-//     threshold does nothing without a fraction);
+//     threshold does nothing without a fraction), and `expandable_segments:True`;
 //  2. per-size `roundup_power2_divisions` lists around the trace's byte-weighted median size:
 //     the best single value above it and no rounding below, and the reverse;
-//  3. every combination of each option's three best values (two for garbage collection),
-//     "unset" counting as a value.
-// `expandable_segments` is not searched: the emulation does not implement expandable segments
-// yet (torch_allocator.hpp), so its figure would only repeat the defaults'.
+//  3. every combination of each option's three best values (one for garbage collection and
+//     for expandable segments), "unset" counting as a value: at most 4 x 4 x 2 x 2 replays.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +37,7 @@ struct AdviceCandidate {
   std::string config;  ///< in PYTORCH_CUDA_ALLOC_CONF syntax; "" is PyTorch's defaults
   std::uint64_t min_capacity = 0;
   std::uint64_t device_allocs = 0;  ///< cudaMalloc calls of a replay on `Options::capacity`
+  std::uint64_t device_maps = 0;    ///< its page mappings (expandable segments)
   double device_ms = 0;             ///< their simulated device time (cost model)
   std::string error;  ///< why the configuration could not be replayed, if it could not
 };

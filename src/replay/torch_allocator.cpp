@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -47,6 +48,7 @@ namespace {
 constexpr std::uint64_t kOneExaByte = std::uint64_t{1} << 60;
 
 struct BlockPool;
+struct ExpandableSegment;
 
 /// PyTorch's Block: a piece of a segment, free, allocated or pending.
 struct Block {
@@ -64,6 +66,10 @@ struct Block {
   Block* next = nullptr;
   int event_count = 0;             ///< outstanding events of stream uses
   std::int64_t gc_count_base = 0;  ///< the pool's get_free_block count when it was cached
+  /// Expandable segments: whether pages back the block (unmapped blocks are address space
+  /// only, kept in the pool's `unmapped` set), and the segment (null: a cudaMalloc segment).
+  bool mapped = true;
+  ExpandableSegment* expandable = nullptr;
 
   bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
   std::int64_t gc_count() const noexcept;
@@ -78,6 +84,24 @@ struct BlockComparatorSize {
   }
 };
 
+/// Unmapped ranges ordered by (stream, address): the lowest hole of a stream comes first.
+struct BlockComparatorAddress {
+  bool operator()(const Block* a, const Block* b) const noexcept {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    return a->ptr < b->ptr;
+  }
+};
+
+/// PyTorch's ExpandableSegment: one address reservation of 1.125 x the device's memory, backed
+/// page by page (2 MiB in the small pool, the large segment size in the large pool) on demand.
+struct ExpandableSegment {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;  ///< reserved bytes, a whole number of pages
+  std::size_t page = 0;
+  std::map<std::size_t, PhysicalHandle> handles;  ///< by page index, while mapped (sparse:
+                                                  ///< a reservation may span terabytes)
+};
+
 /// PyTorch's BlockPool: the free blocks of the small or the large pool, all streams.
 struct BlockPool {
   explicit BlockPool(bool small) : is_small(small) {}
@@ -89,6 +113,7 @@ struct BlockPool {
   }
 
   std::set<Block*, BlockComparatorSize> blocks;
+  std::set<Block*, BlockComparatorAddress> unmapped;  ///< expandable address space, no pages
   const bool is_small;
   std::int64_t get_free_blocks_call_count = 0;
 };
@@ -284,8 +309,20 @@ class TorchAllocator::Impl {
     if (set_fraction_ && config_.garbage_collection_threshold > 0.0) {
       ++pool.get_free_blocks_call_count;
     }
-    const auto it = pool.blocks.lower_bound(&p.search_key);
+    auto it = pool.blocks.lower_bound(&p.search_key);
     if (it == pool.blocks.end() || (*it)->stream != p.stream()) return false;
+    if ((*it)->expandable != nullptr) {
+      // A block of an expandable segment ranks by the size it can grow to: its own size plus
+      // the unmapped space after it. Walk on while a later candidate would grow to less.
+      const auto expandable_size = [](const Block* b) {
+        return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
+      };
+      auto next = std::next(it);
+      while ((*it)->expandable != nullptr && next != pool.blocks.end() &&
+             (*next)->stream == p.stream() && expandable_size(*next) < expandable_size(*it)) {
+        it = next++;
+      }
+    }
     // Do not return an oversize block for a request below max_split_size.
     if (p.size() < config_.max_split_size && (*it)->size >= config_.max_split_size) return false;
     // An oversize block may serve a large request only if it is not much larger.
@@ -305,6 +342,11 @@ class TorchAllocator::Impl {
     if (set_fraction_ && total_allocated_memory_ + size > allowed_memory_maximum_) {
       p.err = Status::out_of_memory;
       return false;
+    }
+    if (expandable_) {
+      p.block = try_allocate_expandable_block(p.stream(), *p.pool, p.size());
+      p.err = p.block != nullptr ? Status::ok : Status::out_of_memory;
+      return p.block != nullptr;
     }
     void* ptr = nullptr;
     p.err = device_.allocate(size, &ptr);
@@ -326,7 +368,10 @@ class TorchAllocator::Impl {
 
   bool should_split(const Block* block, std::size_t size) const noexcept {
     const std::size_t remaining = block->size - size;
-    if (block->pool->is_small) return remaining >= config_.min_block_size;
+    // With expandable segments on, every pool splits down to 512 bytes.
+    if (block->pool->is_small || expandable_) {
+      return remaining >= config_.min_block_size;
+    }
     return size < config_.max_split_size && remaining > config_.small_size;
   }
 
@@ -346,8 +391,11 @@ class TorchAllocator::Impl {
       remaining->prev = block;
       remaining->ptr += size;
       remaining->size -= size;
+      block->expandable = remaining->expandable;
       pool.insert_into_blocks(remaining);
-      if (already_split) {
+      if (block->expandable != nullptr) {
+        // inactive_split leaves expandable segments out: their free pages can always go.
+      } else if (already_split) {
         // An inactive split block shrinks by `size`.
         update_stat(StatKind::inactive_split_bytes, pool, -signed_size(size));
       } else {
@@ -355,7 +403,7 @@ class TorchAllocator::Impl {
         update_stat(StatKind::inactive_split_bytes, pool, signed_size(remaining->size));
         update_stat(StatKind::inactive_split, pool, 1);
       }
-    } else if (already_split) {
+    } else if (already_split && block->expandable == nullptr) {
       // An inactive split block becomes active.
       update_stat(StatKind::inactive_split_bytes, pool, -signed_size(block->size));
       update_stat(StatKind::inactive_split, pool, -1);
@@ -418,8 +466,10 @@ class TorchAllocator::Impl {
       net_change_inactive_split_blocks += 1;
       net_change_inactive_split_size += signed_size(block->size);
     }
-    update_stat(StatKind::inactive_split, pool, net_change_inactive_split_blocks);
-    update_stat(StatKind::inactive_split_bytes, pool, net_change_inactive_split_size);
+    if (block->expandable == nullptr) {
+      update_stat(StatKind::inactive_split, pool, net_change_inactive_split_blocks);
+      update_stat(StatKind::inactive_split_bytes, pool, net_change_inactive_split_size);
+    }
     update_stat(StatKind::active, pool, -1);
     update_stat(StatKind::active_bytes, pool, -signed_size(original_block_size));
     update_stat(StatKind::requested_bytes, pool, -signed_size(requested_size));
@@ -427,7 +477,8 @@ class TorchAllocator::Impl {
 
   /// Merges `src` into `dst` if `src` is a free neighbour; returns the bytes taken over.
   std::size_t try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
-    if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty()) {
+    if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
+        src->mapped != dst->mapped) {
       return 0;
     }
     if (dst->prev == src) {
@@ -440,7 +491,11 @@ class TorchAllocator::Impl {
     }
     const std::size_t subsumed_size = src->size;
     dst->size += subsumed_size;
-    pool.blocks.erase(src);
+    if (src->mapped) {
+      pool.blocks.erase(src);
+    } else {
+      pool.unmapped.erase(src);
+    }
     delete src;
     return subsumed_size;
   }
@@ -515,7 +570,8 @@ class TorchAllocator::Impl {
     Block key = p.search_key;
     key.size = std::max(key.size, config_.max_split_size);
     auto it = pool.blocks.lower_bound(&key);
-    if (it != pool.blocks.end() && (*it)->stream == p.stream()) {
+    // Expandable blocks are never released here, only unmapped by release_cached_blocks.
+    if (it != pool.blocks.end() && (*it)->stream == p.stream() && (*it)->expandable == nullptr) {
       release_block(*it);
       return true;
     }
@@ -528,8 +584,10 @@ class TorchAllocator::Impl {
       const auto cur = it;
       const bool is_first = cur == pool.blocks.begin();
       if (!is_first) --it;
-      total_released += (*cur)->size;
-      release_block(*cur);
+      if ((*cur)->expandable == nullptr) {
+        total_released += (*cur)->size;
+        release_block(*cur);
+      }
       if (is_first) break;
     }
     return total_released >= key.size;
@@ -543,11 +601,22 @@ class TorchAllocator::Impl {
     return true;
   }
 
+  /// Returns every cached whole cudaMalloc segment, and unmaps the whole free pages of every
+  /// cached block of an expandable segment (a segment left with no pages is released).
   void release_blocks(BlockPool& pool) {
+    std::vector<Block*> to_unmap;
     for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
       Block* block = *it;
       ++it;
-      if (!block->is_split()) release_block(block);
+      if (block->expandable != nullptr) {
+        to_unmap.push_back(block);  // unmapping changes the set: after the walk
+      } else if (!block->is_split()) {
+        release_block(block);
+      }
+    }
+    for (Block* block : to_unmap) {
+      unmap_block(block);
+      if (!block->is_split()) release_expandable_segment(block);
     }
   }
 
@@ -568,6 +637,194 @@ class TorchAllocator::Impl {
     delete block;
   }
 
+  // --- expandable segments ----------------------------------------------------------------------
+
+  /// Finds room for `size` bytes in an expandable segment of `stream` and maps what is missing:
+  /// the lowest unmapped range that, with the free block just before it and the free or
+  /// unmapped blocks after it, covers the request; a new segment when none does. Null when the
+  /// device has no memory (or address space) left for it.
+  Block* try_allocate_expandable_block(Stream stream, BlockPool& pool, std::size_t size) {
+    Block* candidate = find_expandable_block(stream, pool, size);
+    if (candidate == nullptr) return nullptr;
+    // The candidate starts a run of free/unmapped blocks with room for `size`: unmapped, or
+    // free followed by unmapped. Map from its start until the mapped block is large enough.
+    if (!candidate->mapped && !map_block(candidate, std::min(candidate->size, size))) {
+      return nullptr;
+    }
+    while (candidate->size < size) {
+      Block* unmapped = candidate->next;
+      if (!map_block(unmapped, std::min(size - candidate->size, unmapped->size))) return nullptr;
+      candidate = unmapped;  // map_block merged it with the free block before it
+    }
+    pool.blocks.erase(candidate);
+    return candidate;
+  }
+
+  Block* find_expandable_block(Stream stream, BlockPool& pool, std::size_t size) {
+    const auto allocatable = [](const Block* b) {
+      return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
+    };
+    const auto has_room = [&](const Block* b) {
+      std::size_t bytes = 0;
+      for (; bytes < size && allocatable(b); b = b->next) bytes += b->size;
+      return bytes >= size;
+    };
+    Block key(stream, 0, &pool, 0);
+    for (auto it = pool.unmapped.lower_bound(&key);
+         it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
+      Block* candidate = *it;
+      // A free block just before the hole can be part of the allocation too.
+      if (allocatable(candidate->prev)) candidate = candidate->prev;
+      if (has_room(candidate)) return candidate;
+    }
+    return new_expandable_segment(stream, pool);
+  }
+
+  /// Reserves a new expandable segment: address space for 1.125 x the device's memory. A
+  /// simulated device too large for its own address space (the unlimited probe of a capacity
+  /// search) gets the largest half, quarter, ... of that which it can still reserve.
+  Block* new_expandable_segment(Stream stream, BlockPool& pool) {
+    MemoryInfo info;
+    if (device_.memory_info(&info) != Status::ok) throw_device_error("memory_info");
+    const std::size_t page =
+        pool.is_small ? config_.small_segment_size : config_.large_segment_size;
+    auto segment = std::make_unique<ExpandableSegment>();
+    segment->page = page;
+    void* va = nullptr;
+    for (std::size_t pages = (info.total + info.total / 8 + page - 1) / page;; pages /= 2) {
+      if (pages == 0) return nullptr;
+      const Status status = device_.reserve(pages * page, 0, &va);
+      if (status == Status::ok) {
+        segment->size = pages * page;
+        break;
+      }
+      if (status != Status::out_of_memory) throw_device_error("reserve");
+    }
+    segment->base = address_of(va);
+    Block* block = new Block(stream, segment->size, &pool, segment->base);
+    block->mapped = false;
+    block->expandable = segment.get();
+    expandable_segments_.push_back(std::move(segment));
+    pool.unmapped.insert(block);
+    return block;
+  }
+
+  /// Maps the pages covering the first `size` bytes of the unmapped block `to_map` and caches
+  /// them as a free block, merged with a free block before it. False when the device is full.
+  bool map_block(Block* to_map, std::size_t size) {
+    ExpandableSegment& segment = *to_map->expandable;
+    const std::size_t first = (to_map->ptr - segment.base) / segment.page;
+    const std::size_t pages = (size + segment.page - 1) / segment.page;
+    for (std::size_t i = 0; i < pages; ++i) {
+      PhysicalHandle handle;
+      void* va = pointer_to(segment.base + (first + i) * segment.page);
+      Status status = device_.create_physical(segment.page, &handle);
+      if (status == Status::ok) {
+        status = device_.map(va, segment.page, handle, 0);
+        if (status != Status::ok) (void)device_.release_physical(handle);
+      }
+      if (status != Status::ok) {
+        unmap_pages(segment, first, i);  // what this call mapped goes back
+        if (status == Status::out_of_memory) return false;
+        throw_device_error("map");
+      }
+      segment.handles.emplace(first + i, handle);
+    }
+    const std::size_t mapped = pages * segment.page;
+    BlockPool& pool = *to_map->pool;
+    pool.unmapped.erase(to_map);
+    to_map->mapped = true;
+    if (mapped < to_map->size) {
+      // to_map -> rest (unmapped) -> to_map->next
+      Block* rest = new Block(to_map->stream, to_map->size - mapped, &pool, to_map->ptr + mapped);
+      rest->mapped = false;
+      rest->expandable = to_map->expandable;
+      rest->prev = to_map;
+      rest->next = to_map->next;
+      if (rest->next != nullptr) rest->next->prev = rest;
+      to_map->next = rest;
+      to_map->size = mapped;
+      pool.unmapped.insert(rest);
+    }
+    try_merge_blocks(to_map, to_map->prev, pool);
+    try_merge_blocks(to_map, to_map->next, pool);
+    pool.insert_into_blocks(to_map);
+    set_total_allocated_memory(total_allocated_memory_ + mapped);
+    update_stat(StatKind::reserved_bytes, pool, signed_size(mapped));
+    return true;
+  }
+
+  /// Unmaps the whole pages inside the free block `block` (after waiting for the device: an
+  /// unmap does not wait for queued work); the ends that share a page with a neighbour stay.
+  void unmap_block(Block* block) {
+    ExpandableSegment& segment = *block->expandable;
+    const std::uintptr_t begin =
+        segment.base + (block->ptr - segment.base + segment.page - 1) / segment.page * segment.page;
+    const std::uintptr_t end =
+        segment.base + (block->ptr + block->size - segment.base) / segment.page * segment.page;
+    if (begin >= end) return;
+    if (device_.synchronize_device() != Status::ok) throw_device_error("synchronize_device");
+    unmap_pages(segment, (begin - segment.base) / segment.page, (end - begin) / segment.page);
+    BlockPool& pool = *block->pool;
+    pool.blocks.erase(block);
+    if (begin > block->ptr) {
+      // prev -> before (free, mapped) -> block
+      Block* before = new Block(block->stream, begin - block->ptr, &pool, block->ptr);
+      before->expandable = block->expandable;
+      before->prev = block->prev;
+      if (before->prev != nullptr) before->prev->next = before;
+      before->next = block;
+      block->prev = before;
+      pool.insert_into_blocks(before);
+    }
+    const std::uintptr_t block_end = block->ptr + block->size;
+    if (end < block_end) {
+      // block -> after (free, mapped) -> next
+      Block* after = new Block(block->stream, block_end - end, &pool, end);
+      after->expandable = block->expandable;
+      after->next = block->next;
+      if (after->next != nullptr) after->next->prev = after;
+      after->prev = block;
+      block->next = after;
+      pool.insert_into_blocks(after);
+    }
+    block->ptr = begin;
+    block->size = end - begin;
+    block->mapped = false;
+    try_merge_blocks(block, block->prev, pool);
+    try_merge_blocks(block, block->next, pool);
+    pool.unmapped.insert(block);
+    set_total_allocated_memory(total_allocated_memory_ - (end - begin));
+    update_stat(StatKind::reserved_bytes, pool, -signed_size(end - begin));
+  }
+
+  /// cuMemUnmap + cuMemRelease of `count` pages from page `first`.
+  void unmap_pages(ExpandableSegment& segment, std::size_t first, std::size_t count) {
+    auto it = segment.handles.lower_bound(first);
+    while (it != segment.handles.end() && it->first < first + count) {
+      if (device_.unmap(pointer_to(segment.base + it->first * segment.page), segment.page) !=
+          Status::ok)
+        throw_device_error("unmap");
+      if (device_.release_physical(it->second) != Status::ok)
+        throw_device_error("release_physical");
+      it = segment.handles.erase(it);
+    }
+  }
+
+  /// Returns the reservation of an expandable segment that has no pages left (`block` is all
+  /// of it, unmapped).
+  void release_expandable_segment(Block* block) {
+    ExpandableSegment* segment = block->expandable;
+    if (device_.release_reservation(pointer_to(segment->base), segment->size) != Status::ok)
+      throw_device_error("release_reservation");
+    block->pool->unmapped.erase(block);
+    delete block;
+    const auto owned = std::find_if(
+        expandable_segments_.begin(), expandable_segments_.end(),
+        [segment](const std::unique_ptr<ExpandableSegment>& s) { return s.get() == segment; });
+    expandable_segments_.erase(owned);
+  }
+
   /// Frees cached whole large segments older than the average until reserved memory is below
   /// garbage_collection_threshold x the allowed maximum; no synchronisation.
   void garbage_collect_cached_blocks() {
@@ -579,7 +836,7 @@ class TorchAllocator::Impl {
     std::int64_t total_age = 0;
     std::int64_t freeable_block_count = 0;
     for (const Block* block : large_blocks_.blocks) {
-      if (!block->is_split()) {
+      if (!block->is_split() && block->expandable == nullptr) {
         total_age += block->gc_count();
         ++freeable_block_count;
       }
@@ -593,7 +850,8 @@ class TorchAllocator::Impl {
       for (auto it = large_blocks_.blocks.begin(); it != large_blocks_.blocks.end();) {
         Block* block = *it;
         ++it;
-        if (!block->is_split() && static_cast<double>(block->gc_count()) >= age_threshold) {
+        if (!block->is_split() && block->expandable == nullptr &&
+            static_cast<double>(block->gc_count()) >= age_threshold) {
           block_freed = true;
           gc_reclaimed += block->size;
           total_age -= block->gc_count();
@@ -633,15 +891,19 @@ class TorchAllocator::Impl {
                                              device_.last_error()));
   }
 
-  /// Every block: the cached ones of both pools and the active ones.
+  /// Every block: the cached ones of both pools, the active ones and the unmapped ranges of
+  /// expandable segments.
   std::vector<Block*> all_blocks() const {
     std::vector<Block*> blocks(active_blocks_.begin(), active_blocks_.end());
-    blocks.insert(blocks.end(), large_blocks_.blocks.begin(), large_blocks_.blocks.end());
-    blocks.insert(blocks.end(), small_blocks_.blocks.begin(), small_blocks_.blocks.end());
+    for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+      blocks.insert(blocks.end(), pool->blocks.begin(), pool->blocks.end());
+      blocks.insert(blocks.end(), pool->unmapped.begin(), pool->unmapped.end());
+    }
     return blocks;
   }
 
-  /// The first block of every segment, by address.
+  /// The first block of every segment (an expandable segment's is its reservation's), by
+  /// address.
   std::vector<Block*> segment_heads() const {
     std::vector<Block*> heads;
     for (Block* block : all_blocks()) {
@@ -667,6 +929,9 @@ class TorchAllocator::Impl {
 
   Device& device_;
   Config config_;
+  /// Expandable segments are on (PyTorch warns and goes without them on a device that has no
+  /// virtual-memory API).
+  const bool expandable_ = config_.expandable_segments && device_.supports_virtual_memory();
   detail::SizePolicy sizes_{config_};  // round_size and get_allocation_size
   mutable std::mutex mutex_;
 
@@ -676,6 +941,7 @@ class TorchAllocator::Impl {
   std::unordered_set<Block*> active_blocks_;                     // allocated or pending
   std::map<Stream, std::deque<std::pair<Event, Block*>>> cuda_events_;
   std::vector<Event> event_pool_;
+  std::vector<std::unique_ptr<ExpandableSegment>> expandable_segments_;
 
   Stats stats_;
   std::size_t total_allocated_memory_ = 0;  // reserved bytes
@@ -803,13 +1069,21 @@ void* TorchAllocator::Impl::place_block(void* ptr, std::size_t requested, std::s
 Snapshot TorchAllocator::Impl::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   Snapshot snapshot;
-  for (const Block* head : segment_heads()) {
+  // As PyTorch reports them: an expandable segment is one segment per run of mapped pages.
+  std::vector<const Block*> heads;
+  for (const Block* block : all_blocks()) {
+    if (block->mapped && (block->prev == nullptr || !block->prev->mapped)) heads.push_back(block);
+  }
+  std::sort(heads.begin(), heads.end(),
+            [](const Block* a, const Block* b) { return a->ptr < b->ptr; });
+  for (const Block* head : heads) {
     SegmentInfo segment;
     segment.device = device_.index();
     segment.address = head->ptr;
     segment.stream = head->stream;
     segment.is_large = !head->pool->is_small;
-    for (const Block* block = head; block != nullptr; block = block->next) {
+    segment.is_expandable = head->expandable != nullptr;
+    for (const Block* block = head; block != nullptr && block->mapped; block = block->next) {
       BlockInfo info;
       info.address = block->ptr;
       info.size = block->size;
@@ -851,10 +1125,26 @@ void TorchAllocator::Impl::check_segment(Block* head, Stats& expected,
   };
   std::size_t segment_size = 0;
   bool previous_free = false;
+  bool previous_unmapped = false;
+  const bool expandable = head->expandable != nullptr;
   for (Block* block = head; block != nullptr; block = block->next) {
     ++blocks_seen;
-    segment_size += block->size;
     const std::string where = fmt::format("block {:#x} of segment {:#x}", block->ptr, head->ptr);
+    require(block->expandable == head->expandable, where + " has another expandable segment");
+    if (!block->mapped) {
+      require(expandable && pool.unmapped.count(block) == 1 && pool.blocks.count(block) == 0 &&
+                  !block->allocated && active_blocks_.count(block) == 0,
+              where + " is unmapped but not filed as an unmapped range");
+      require(block->next == nullptr ||
+                  (block->next->prev == block && block->next->ptr == block->ptr + block->size),
+              where + " is not followed by its next block");
+      require(!previous_unmapped, where + " and the block before it are both unmapped");
+      previous_unmapped = true;
+      previous_free = false;
+      continue;
+    }
+    previous_unmapped = false;
+    segment_size += block->size;
     require(block->pool == &pool && block->stream == head->stream,
             where + " has another pool or stream than its segment");
     require(block->next == nullptr ||
@@ -872,7 +1162,7 @@ void TorchAllocator::Impl::check_segment(Block* head, Stats& expected,
     previous_free = is_free;
     if (is_free) {
       require(block->stream_uses.empty(), where + " is free with stream uses");
-      if (block->is_split()) {
+      if (block->is_split() && !expandable) {
         add(StatKind::inactive_split, 1);
         add(StatKind::inactive_split_bytes, block->size);
       }
@@ -887,8 +1177,9 @@ void TorchAllocator::Impl::check_segment(Block* head, Stats& expected,
       if (block->size >= config_.max_split_size) ++expected.oversize_allocations.current;
     }
   }
-  add(StatKind::segment, 1);
   add(StatKind::reserved_bytes, segment_size);
+  if (expandable) return;  // counted as mapped bytes only, never as segments
+  add(StatKind::segment, 1);
   if (segment_size >= config_.max_split_size) ++expected.oversize_segments.current;
 }
 

@@ -25,8 +25,18 @@
 // * statistics updated where PyTorch updates them (`inactive_split`, `requested_bytes`,
 //   `oversize_*`, `num_*`).
 //
+// * `expandable_segments:True` (on a device with the virtual-memory API): one reservation of
+//   1.125 x the device's memory per pool and stream, pages (2 MiB small, `large_segment_size`
+//   large) mapped on demand at the lowest hole with room, best fit ranking a block by its size
+//   plus the unmapped space after it, every pool splitting down to 512 bytes, neighbours merging
+//   only when both are mapped or both unmapped, and whole free pages unmapped only by
+//   `release_cached_blocks` (a reservation left without pages is released); garbage collection
+//   and `release_available_cached_blocks` leave expandable blocks alone (PyTorch PR #134338).
+//   Mapped bytes count as reserved; `inactive_split` and the segment count leave them out. A
+//   snapshot shows one segment per run of mapped pages, as PyTorch's does.
+//
 // Differences from PyTorch, none of which shows in a replay: no CUDA graph or MemPool private
-// pools, no expandable segments (the option is ignored), no free-memory callbacks, one plain
+// pools, no free-memory callbacks, one plain
 // mutex instead of a recursive mutex and a sharded pointer map, and `deallocate(ptr, s)` on a
 // stream other than the block's own records a use of `s` first (PyTorch's free takes no stream).
 // Memory limits: `memory_fraction` < 1 and `memory_limit` both set PyTorch's allowed maximum

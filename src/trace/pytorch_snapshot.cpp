@@ -436,6 +436,17 @@ void add_notes(Trace& trace, const std::vector<std::size_t>& releases, std::size
         "garbage_collection_threshold set PyTorch may have released only part of its cache there",
         releases.size(), releases.front()));
   }
+  const bool expandable =
+      setting(recorded, "expandable_segments") == "True" ||
+      std::any_of(recorded.initial_segments.begin(), recorded.initial_segments.end(),
+                  [](const RecordedSegment& s) { return s.is_expandable; });
+  if (expandable) {
+    recorded.notes.push_back(
+        "expandable segments: the snapshot does not record where each reservation begins, so a "
+        "warm start takes the mapped ranges held when the window opened as fixed segments and "
+        "maps new pages in new reservations: addresses and segment_map events differ from "
+        "PyTorch's (replay with --start cold to compare configurations)");
+  }
   if (!recorded.ooms.empty()) {
     recorded.notes.push_back(fmt::format(
         "{} allocation(s) failed in the recording (oom events, first before event {}); the "
