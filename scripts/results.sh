@@ -58,6 +58,9 @@ python3 scripts/results_md.py --commit "$commit" --machine "$machine" \
   --example-trace "$example" \
   "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" "$out/minimalloc.json" \
   >docs/results.md
+# Which PYTORCH_CUDA_ALLOC_CONF needs the least memory on each snapshot (a section of its own).
+"$cistern" advise --quiet --json "$out/advise.json" "$traces"/pytorch/*/*.pickle.gz
+python3 scripts/advise_md.py "$out/advise.json" >>docs/results.md
 "$cistern" replay --quiet --policy cistern,torch,nocache --min-capacity \
   --html docs/report-example.html "$traces/$example"
 echo "results.sh: wrote docs/results.md and docs/report-example.html" >&2

@@ -72,7 +72,9 @@ class Search {
       AdviceCandidate& candidate = tried_[name];
       candidate.config = config;
       try {
-        policies.push_back(Policy::parse(config.empty() ? label : label + ":" + config));
+        std::string text = label;
+        if (!config.empty()) text.append(":").append(config);
+        policies.push_back(Policy::parse(text));
         names.push_back(name);
       } catch (const Error& e) {
         candidate.error = e.what();
