@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
 
 #include "cistern/errors.hpp"
 #include "cistern/sim_device.hpp"
@@ -116,6 +119,42 @@ TEST(TorchExpandable, OutOfMemoryUnmapsWhatItMappedAndPartialPagesStay) {
   // Pages 0 and 1 are whole and free; page 2 holds the start of `b`.
   EXPECT_EQ(f.alloc.reserved_bytes(), 40 * kMiB);
   f.alloc.deallocate(b, default_stream);
+}
+
+// A random mix of sizes (both pools), two streams, frees and empty_cache() on a device small
+// enough for the out-of-memory path, with check() after every step: the mapped pages are
+// exactly the device's used memory, and everything goes back at the end.
+TEST(TorchExpandable, RandomWorkloadKeepsEveryInvariant) {
+  Fixture f(512 * kMiB);
+  const Stream streams[] = {default_stream, f.device.create_stream()};
+  std::mt19937_64 rng(20261203);
+  std::vector<std::pair<void*, Stream>> live;
+  for (int step = 0; step < 4000; ++step) {
+    const auto op = rng() % 20;
+    if (op < 11) {
+      const std::size_t limits[] = {4096, 4 * kMiB, 70 * kMiB};
+      const std::size_t size = 1 + rng() % limits[rng() % 3];
+      const Stream stream = streams[rng() % 2];
+      try {
+        live.emplace_back(f.alloc.allocate(size, stream), stream);
+      } catch (const OutOfMemory&) {
+      }
+    } else if (op < 19 && !live.empty()) {
+      const std::size_t i = rng() % live.size();
+      f.alloc.deallocate(live[i].first, live[i].second);
+      live[i] = live.back();
+      live.pop_back();
+    } else {
+      f.alloc.empty_cache();
+    }
+    f.alloc.check();
+    ASSERT_EQ(f.device.used_bytes(), f.alloc.reserved_bytes()) << "step " << step;
+  }
+  for (const auto& [ptr, stream] : live) f.alloc.deallocate(ptr, stream);
+  f.alloc.empty_cache();
+  f.alloc.check();
+  EXPECT_EQ(f.alloc.reserved_bytes(), 0u);
+  EXPECT_EQ(f.device.live_reservations(), 0u);
 }
 
 }  // namespace

@@ -653,6 +653,8 @@ class TorchAllocator::Impl {
     }
     while (candidate->size < size) {
       Block* unmapped = candidate->next;
+      // A reservation cut short by the simulated address space can end before the request.
+      if (unmapped == nullptr || unmapped->mapped) return nullptr;
       if (!map_block(unmapped, std::min(size - candidate->size, unmapped->size))) return nullptr;
       candidate = unmapped;  // map_block merged it with the free block before it
     }

@@ -441,7 +441,7 @@ void add_notes(Trace& trace, const std::vector<std::size_t>& releases, std::size
       std::any_of(recorded.initial_segments.begin(), recorded.initial_segments.end(),
                   [](const RecordedSegment& s) { return s.is_expandable; });
   if (expandable) {
-    recorded.notes.push_back(
+    recorded.notes.emplace_back(
         "expandable segments: the snapshot does not record where each reservation begins, so a "
         "warm start takes the mapped ranges held when the window opened as fixed segments and "
         "maps new pages in new reservations: addresses and segment_map events differ from "
