@@ -521,6 +521,23 @@ TEST_F(Cli, ReplayGivesOneRowPerDeviceUnlessOneIsChosen) {
   for (const json& row : chosen.at("results")) EXPECT_EQ(row.at("device"), 1);
 }
 
+TEST_F(Cli, InfoAndReplaySayWhatCannotBeReproduced) {
+  std::vector<cistern::DeviceRecord> devices(1);
+  cistern::HistoryEntry oom;
+  oom.action = cistern::HistoryEntry::Action::oom;
+  oom.size = 64u << 20;
+  devices[0].history = {oom};
+  write(temp("oom.pickle"), cistern::pytorch_snapshot_pickle(devices, cistern::Config{}));
+  const std::string file = quote(temp("oom.pickle").string());
+  const Outcome info = run("info " + file);
+  ASSERT_EQ(info.code, 0) << info.err;
+  EXPECT_NE(info.out.find("not reproducible exactly: 1 allocation(s) failed"), std::string::npos)
+      << info.out;
+  const Outcome replay = run("replay -p torch " + file);
+  ASSERT_EQ(replay.code, 0) << replay.err;
+  EXPECT_NE(replay.err.find("note: "), std::string::npos) << replay.err;
+}
+
 TEST_F(Cli, AdviseFindsTheBestConfigurationAndWritesJsonAndHtml) {
   // A 100 MiB buffer freed, then a 12 MiB one that outlives a 95 MiB one (test_advise.cpp works
   // the figures out): PyTorch's defaults need 196 MiB, max_split_size_mb:95 108 MiB.
