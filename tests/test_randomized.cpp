@@ -620,7 +620,7 @@ class BestFitRun {
  public:
   BestFitRun(std::uint64_t seed, bool large_only)
       : device_(options()),
-        alloc_(device_, Config::parse("park_small_blocks:False")),
+        alloc_(device_, Config::parse("vmm:False,park_small_blocks:False")),
         rng_(seed),
         large_only_(large_only) {}
 
@@ -743,7 +743,7 @@ INSTANTIATE_TEST_SUITE_P(Seeds, RandomizedBestFit, ::testing::Values(11, 12, 13)
 // (tests/test_caching_allocator.cpp covers that side).
 TEST(BestFitWithoutParking, AFreedSmallBlockIsTheBestFitForASmallerRequest) {
   SimDevice device;
-  CachingAllocator alloc(device, Config::parse("park_small_blocks:False"));
+  CachingAllocator alloc(device, Config::parse("vmm:False,park_small_blocks:False"));
   void* a = alloc.allocate(4096, default_stream);     // [base, base+4 KiB)
   void* guard = alloc.allocate(512, default_stream);  // keeps `a` from joining the rest
   alloc.deallocate(a, default_stream);                // free: 4 KiB at base, ~2 MiB after guard
@@ -756,7 +756,7 @@ TEST(BestFitWithoutParking, AFreedSmallBlockIsTheBestFitForASmallerRequest) {
 
 TEST(BestFitWithoutParking, FreedNeighboursCoalesceAtOnce) {
   SimDevice device;
-  CachingAllocator alloc(device, Config::parse("park_small_blocks:False"));
+  CachingAllocator alloc(device, Config::parse("vmm:False,park_small_blocks:False"));
   void* a = alloc.allocate(4096, default_stream);
   alloc.deallocate(a, default_stream);
   ASSERT_EQ(alloc.snapshot().segments.size(), 1u);

@@ -11,6 +11,8 @@
 
 #include "allocator_fixture.hpp"
 #include "cistern/errors.hpp"
+#include "cistern/pytorch_snapshot.hpp"
+#include "trace/readers.hpp"
 
 namespace cistern::testing {
 namespace {
@@ -209,8 +211,15 @@ TEST_F(Engine, SnapshotAndHistoryDescribeExpandableSegments) {
   alloc->record_history(true, 1000);
   void* a = alloc->allocate(3 * MiB, default_stream);
   const Snapshot snap = alloc->snapshot();
+  // Only the mapped pages show, as in PyTorch: 4 MiB holding the block and 1 MiB free.
   ASSERT_EQ(snap.segments.size(), 1u);
   EXPECT_TRUE(snap.segments[0].is_expandable);
+  EXPECT_EQ(snap.segments[0].address, addr(a));
+  EXPECT_EQ(snap.segments[0].total_size, 2 * kPage);
+  ASSERT_EQ(snap.segments[0].blocks.size(), 2u);
+  EXPECT_EQ(snap.segments[0].blocks[0].size, 3 * MiB);
+  EXPECT_EQ(snap.segments[0].blocks[1].size, 1 * MiB);
+  EXPECT_EQ(snap.segments[0].blocks[1].state, BlockState::inactive);
   const auto history = alloc->history();
   std::size_t maps = 0;
   for (const HistoryEntry& e : history) {
@@ -229,6 +238,34 @@ TEST_F(Engine, SnapshotAndHistoryDescribeExpandableSegments) {
     if (e.action == HistoryEntry::Action::segment_unmap) ++unmaps;
   }
   EXPECT_EQ(unmaps, 2u);
+}
+
+// A history with maps, reclaim's unmaps and a segment left partly mapped reads back through the
+// PyTorch-format writer and reader: the reader rebuilds the memory held before the window (none)
+// from the final snapshot and the segment_map / segment_unmap events.
+TEST_F(Engine, PyTorchSnapshotWithMapsAndUnmapsReadsBack) {
+  engine("", 8 * MiB);
+  alloc->record_history(true, 1000);
+  const Stream s1 = device->create_stream();
+  const Stream s2 = device->create_stream();
+  void* a = alloc->allocate(3 * MiB, s1);
+  void* b = alloc->allocate(3 * MiB, s1);  // pages 0-2 of s1's segment
+  alloc->deallocate(a, s1);                // page 0 is free; page 1 stays (shared with b)
+  void* c = alloc->allocate(4 * MiB, s2);  // needs 2 pages: 1 new, 1 reclaimed from a
+  EXPECT_EQ(stats().num_pages_reclaimed, 1);
+  const trace::Trace t = trace::read_trace_bytes(pytorch_snapshot_pickle(*alloc), "engine.pickle");
+  ASSERT_EQ(t.events.size(), 4u);
+  EXPECT_EQ(t.recorded.initial_reserved, std::optional<std::uint64_t>(0));
+  std::size_t maps = 0;
+  std::size_t unmaps = 0;
+  for (const trace::RecordedSegmentEvent& e : t.recorded.segment_events) {
+    if (e.kind == trace::RecordedSegmentEvent::Kind::map) ++maps;
+    if (e.kind == trace::RecordedSegmentEvent::Kind::unmap) ++unmaps;
+  }
+  EXPECT_EQ(maps, 5u);
+  EXPECT_EQ(unmaps, 1u);
+  alloc->deallocate(b, s1);
+  alloc->deallocate(c, s2);
 }
 
 // Every VMM call site failing in turn (each call of each operation in a scenario that maps,

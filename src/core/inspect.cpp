@@ -85,6 +85,43 @@ cistern::BlockState snapshot_state(State state) {
   return cistern::BlockState::inactive;
 }
 
+// An expandable segment as PyTorch shows one: each run of mapped pages is a segment of its own
+// (PyTorch's blocks never cover unmapped memory), with the blocks clipped to it; the pages of an
+// allocated or pending block are always mapped, so only free blocks are ever clipped.
+void add_expandable(const detail::Segment& s, const StreamPool& pool, int device, Snapshot& snap) {
+  const std::size_t g = s.page_size;
+  for (std::size_t i = 0; i < s.pages.size();) {
+    if (s.pages[i] == detail::Segment::kNoPage) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < s.pages.size() && s.pages[j] != detail::Segment::kNoPage) ++j;
+    const std::uintptr_t lo = s.base + i * g;
+    const std::uintptr_t hi = s.base + j * g;
+    SegmentInfo info;
+    info.device = device;
+    info.address = lo;
+    info.total_size = hi - lo;
+    info.stream = pool.stream;
+    info.is_large = s.large;
+    info.is_expandable = true;
+    for (const Block* b = s.head; b != nullptr; b = b->next) {
+      const std::uintptr_t start = std::max(b->addr, lo);
+      const std::uintptr_t end = std::min(b->addr + b->size, hi);
+      if (start >= end) continue;
+      info.blocks.push_back({start, end - start, b->requested, snapshot_state(b->state)});
+      if (b->state == State::allocated) info.allocated_size += b->size;
+      if (b->state == State::allocated || b->state == State::pending) {
+        info.active_size += b->size;
+        info.requested_size += b->requested;
+      }
+    }
+    snap.segments.push_back(std::move(info));
+    i = j;
+  }
+}
+
 }  // namespace
 
 Snapshot CachingAllocator::Impl::snapshot() const {
@@ -93,13 +130,16 @@ Snapshot CachingAllocator::Impl::snapshot() const {
   Snapshot snap;
   for (const auto& pool : pools_.all()) {
     for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
+      if (s->expandable) {
+        add_expandable(*s, *pool, device_.index(), snap);
+        continue;
+      }
       SegmentInfo info;
       info.device = device_.index();
       info.address = s->base;
       info.total_size = s->size;
       info.stream = pool->stream;
       info.is_large = s->large;
-      info.is_expandable = s->expandable;
       for (const Block* b = s->head; b != nullptr; b = b->next) {
         info.blocks.push_back({b->addr, b->size, b->requested, snapshot_state(b->state)});
         if (b->state == State::allocated) info.allocated_size += b->size;

@@ -45,15 +45,10 @@ void* CachingAllocator::Impl::allocate_engine(StreamPool& pool, std::size_t size
   // Parked blocks are coalesced first: reclaim must not merge a block it is mapping.
   pool.flush_parked();
   if (void* p = take_mapped(pool, size, bytes, small)) return p;
+  // As PyTorch before it reports out of memory: wait for every pending free and return every
+  // whole cached segment (its pages go to the page pool), then try once more.
   ++num_alloc_retries_;
-  {
-    AllPoolsLock locks(pools_, &pool);
-    ++num_sync_all_streams_;
-    for (const auto& other : pools_.all()) {
-      other->synchronize_events(device_, events_);
-      other->flush_parked();
-    }
-  }
+  release_cache(&pool);
   if (void* p = take_mapped(pool, size, bytes, small)) return p;
   throw_out_of_memory(pool, bytes, size, policy_.segment_size(size), small);
 }
