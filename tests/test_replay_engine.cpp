@@ -460,7 +460,7 @@ TEST(ReplayEngine, RunAllOrderAndParallelDeterminism) {
   }
   EXPECT_EQ(one[4].min_capacity, 6 * MiB);  // cistern's engine: the pages live blocks touch
   EXPECT_EQ(one[5].min_capacity, 6 * MiB);
-  EXPECT_EQ(one[6].min_capacity, 22 * MiB);  // torch: the 20 MiB segment and the small one
+  EXPECT_EQ(one[6].min_capacity, 22 * MiB);       // torch: the 20 MiB segment and the small one
   EXPECT_FALSE(one[0].min_capacity.has_value());  // recorded: no capacity search
   EXPECT_NE(one[8].error, "");
   EXPECT_EQ(progress, (std::vector<std::size_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
