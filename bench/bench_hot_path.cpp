@@ -10,7 +10,8 @@
 //               (the mixes keep 64 allocations live: each pair frees the oldest, then allocates
 //               the next size, FIFO, cycling through the sizes)
 //   allocators  cistern (one CachingAllocator over a 1 TiB SimDevice, one stream per thread),
-//               mimalloc (mi_malloc/mi_free), glibc (malloc/free)
+//               mimalloc (mi_malloc/mi_free), glibc (malloc/free); for 512B and mix_small also
+//               cistern:vmm=false (classic segments, one thread: the engine's hit-path cost)
 //   threads     1, 2, 4; every thread runs the whole workload on its own stream (its own heap).
 // Every run warms up first (two passes over the sizes), so that cistern serves the measured
 // requests from its cache. The cistern rows count what still left the hit path during the
@@ -57,10 +58,8 @@ namespace {
 /// What the threads of one run share: the device, one stream per thread (created up front), one
 /// allocator, and a barrier.
 struct Run {
-  explicit Run(int threads)
-      : streams(make_streams(device, threads)),
-        allocator(device, Config::from_env()),
-        barrier(threads) {}
+  Run(int threads, const Config& config)
+      : streams(make_streams(device, threads)), allocator(device, config), barrier(threads) {}
 
   static std::vector<Stream> make_streams(SimDevice& device, int threads) {
     std::vector<Stream> made;
@@ -78,7 +77,15 @@ struct Run {
 // Google Benchmark runs one benchmark at a time and calls these once per run, before the threads
 // start and after they have ended.
 std::unique_ptr<Run> g_run;
-void start_run(const benchmark::State& state) { g_run = std::make_unique<Run>(state.threads()); }
+void start_run(const benchmark::State& state) {
+  g_run = std::make_unique<Run>(state.threads(), Config::from_env());
+}
+// The cistern:vmm=false rows: classic segments, to compare the engine's hit path with.
+void start_classic_run(const benchmark::State& state) {
+  Config config = Config::from_env();
+  config.vmm = Config::Vmm::off;
+  g_run = std::make_unique<Run>(state.threads(), config);
+}
 void end_run(const benchmark::State&) { g_run.reset(); }
 
 using WallClock = std::chrono::steady_clock;
@@ -161,6 +168,15 @@ void register_benchmarks() {
         b->Setup(start_run)->Teardown(end_run);
       }
     }
+  }
+  for (const std::string name : {"512B", "mix_small"}) {
+    const std::string why = unavailable_reason(name, AllocatorKind::cistern);
+    benchmark::RegisterBenchmark(("pair/" + name + "/cistern:vmm=false").c_str(),
+                                 [name, why](benchmark::State& state) {
+                                   bench_pairs(state, name, AllocatorKind::cistern, why);
+                                 })
+        ->Setup(start_classic_run)
+        ->Teardown(end_run);
   }
 }
 

@@ -2,7 +2,8 @@
 # Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 #
 # Regenerates docs/results.md and docs/report-example.html: every shared trace in
-# ../shared/traces replayed with `cistern replay --policy cistern,torch,nocache --min-capacity`
+# ../shared/traces replayed with
+# `cistern replay --policy cistern,cistern:vmm=false,torch,nocache --min-capacity`
 # (PyTorch's recorded figures come with the snapshots), formatted by scripts/results_md.py.
 #
 # Usage: scripts/results.sh
@@ -37,7 +38,7 @@ replay() {  # replay NAME [flags and traces...]
   local name="$1"
   shift
   echo "results.sh: replaying $name" >&2
-  "$cistern" replay --quiet --policy cistern,torch,nocache --min-capacity \
+  "$cistern" replay --quiet --policy cistern,cistern:vmm=false,torch,nocache --min-capacity \
     --json "$out/$name.json" "$@"
 }
 replay pytorch "$traces"/pytorch/*/*.pickle.gz

@@ -21,13 +21,23 @@ inline SimDeviceOptions sim_options(std::size_t capacity) {
   return o;
 }
 
-/// A SimDevice and a CachingAllocator over it; check() runs after every test.
+/// A configuration string parsed over the classic path (`vmm:False`): the tests written against
+/// the classic segment layout pin it; `conf` may turn the engine back on.
+inline Config classic_config(const std::string& conf) {
+  Config config;
+  config.vmm = Config::Vmm::off;
+  config.apply(conf);
+  return config;
+}
+
+/// A SimDevice and a CachingAllocator over it; check() runs after every test. The allocator
+/// uses classic segments unless `conf` sets `vmm` (engine tests: test_vmm.cpp).
 class AllocatorTest : public ::testing::Test {
  protected:
   void make(const std::string& conf = "", std::size_t capacity = 1 * GiB) {
     alloc.reset();
     device = std::make_unique<SimDevice>(sim_options(capacity));
-    alloc = std::make_unique<CachingAllocator>(*device, Config::parse(conf));
+    alloc = std::make_unique<CachingAllocator>(*device, classic_config(conf));
   }
   void SetUp() override { make(); }
   void TearDown() override {

@@ -249,7 +249,8 @@ TEST_F(Cli, JsonRowsHaveTheSchemaAndTheRecordedRow) {
     EXPECT_EQ(row->at("start"), "cold");
     EXPECT_GE(row->at("peak_reserved").get<std::uint64_t>(), 1783664516u);
     EXPECT_EQ(row->at("ooms"), 0);
-    EXPECT_GT(row->at("device_allocs").get<int>(), 0);
+    // cistern's engine maps pages of physical handles: it makes no segment allocation.
+    EXPECT_EQ(row->at("device_allocs").get<int>() > 0, std::string(policy) != "cistern") << policy;
   }
   // The table went to stdout, naming the trace and every policy.
   for (const char* word : {"memory.pickle.gz", "recorded", "cistern", "torch", "nocache", "6.41%"})
@@ -406,7 +407,14 @@ TEST_F(Cli, SnapshotPerPolicyReadsBackWithTheReplaysFigures) {
     EXPECT_EQ(i.at("format"), "pytorch");
     EXPECT_EQ(i.at("allocs"), 6);
     EXPECT_EQ(i.at("peak_live"), row->at("peak_live")) << policy;
-    EXPECT_EQ(i.at("recorded_peak_reserved"), row->at("peak_reserved")) << policy;
+    if (policy == "cistern") {
+      // The snapshot shows the engine's mapped pages, as PyTorch shows expandable segments; the
+      // replay's reserved memory also counts pages of its handles not mapped yet.
+      EXPECT_LE(i.at("recorded_peak_reserved"), row->at("peak_reserved")) << policy;
+      EXPECT_GE(i.at("recorded_peak_reserved"), row->at("peak_live")) << policy;
+    } else {
+      EXPECT_EQ(i.at("recorded_peak_reserved"), row->at("peak_reserved")) << policy;
+    }
   }
   EXPECT_FALSE(fs::exists(snapshot)) << "with several policies each file names its policy";
 }

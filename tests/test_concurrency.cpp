@@ -142,8 +142,15 @@ class Barrier {
 /// The allocator under test, its device, and what the threads share.
 class Arena {
  public:
+  /// Classic segments unless `conf` sets `vmm`.
   explicit Arena(std::size_t capacity, const std::string& conf = "")
-      : device(options(capacity)), alloc(device, Config::parse(conf)) {}
+      : device(options(capacity)), alloc(device, classic(conf)) {}
+
+  static Config classic(const std::string& conf) {
+    Config config;
+    config.vmm = Config::Vmm::off;
+    return config.apply(conf);
+  }
 
   /// Allocates and registers the range; nullptr (counted) on out-of-memory.
   void* allocate(std::size_t bytes, Stream s) {
@@ -417,6 +424,31 @@ TEST_P(Concurrency, AllWorkloadsAtOnceWithEmptyCache) {
   }
   drain_handoff(arena);
   std::cout << "[ stats    ] " << n << " threads, mixed: " << arena.summary() << "\n";
+  arena.expect_everything_returned();
+}
+
+// The virtual-memory engine at a capacity where threads keep reclaiming pages from each other's
+// cached free blocks (and waiting for each other's streams) while others allocate and free.
+TEST_P(Concurrency, EngineThreadsReclaimEachOthersPages) {
+  const int n = GetParam();
+  Arena arena(static_cast<std::size_t>(n) * 24 * MiB, "vmm:True,large_handle_size_mb:2");
+  ASSERT_TRUE(arena.alloc.uses_virtual_memory());
+  const std::vector<Stream> streams = make_streams(arena.device, n);
+  {
+    Monitor monitor(arena);
+    run_threads(n, [&](int t) {
+      const Stream own = streams[static_cast<std::size_t>(t)];
+      const std::uint64_t seed = 5000 + static_cast<std::uint64_t>(t);
+      if (t % 2 == 0) churn(arena, own, seed, iterations(20'000));
+      else exchange(arena, own, seed, iterations(20'000));
+    });
+  }
+  drain_handoff(arena);
+  const Stats s = arena.alloc.stats();
+  std::cout << "[ stats    ] " << n << " threads, engine: " << arena.summary() << ", "
+            << s.num_pages_reclaimed << " pages reclaimed, " << s.num_reclaim_syncs
+            << " reclaim waits\n";
+  EXPECT_GT(s.num_pages_reclaimed, 0) << "no page was ever reclaimed";
   arena.expect_everything_returned();
 }
 

@@ -136,6 +136,9 @@ TEST(DeviceReplay, WithoutTouchNothingIsWritten) {
   EXPECT_EQ(rec.touches, 0u);
 }
 
+// Classic segments (one device allocation each): the layout below is PyTorch's.
+constexpr const char* kClassic = "cistern:vmm=false";
+
 TEST(DeviceReplay, OutOfMemoryOnTheDeviceIsCounted) {
   const trace::Trace t = small_trace();
   // Blocks of 1 to 10 MiB take 20 MiB segments, one per stream: the 3 MiB block's (stream 0)
@@ -145,10 +148,10 @@ TEST(DeviceReplay, OutOfMemoryOnTheDeviceIsCounted) {
   options.capacity = 40 * MiB;
   Recorder rec;
   const DeviceResult d =
-      run_on_device(t, Policy::parse("cistern"), sim, hooks_over(sim, rec, true), options);
+      run_on_device(t, Policy::parse(kClassic), sim, hooks_over(sim, rec, true), options);
   ASSERT_TRUE(d.result.error.empty()) << d.result.error;
   EXPECT_EQ(d.result.ooms, 2u);
-  EXPECT_EQ(run(t, Policy::parse("cistern"), options).ooms, 2u);
+  EXPECT_EQ(run(t, Policy::parse(kClassic), options).ooms, 2u);
   EXPECT_EQ(d.result.capacity, 40 * MiB);
   EXPECT_EQ(d.touched_bytes, 3 * MiB + 512 + 700 * KiB + 1 * MiB);
   EXPECT_EQ(sim.used_bytes(), 0u);

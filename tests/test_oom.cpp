@@ -186,7 +186,7 @@ TEST_P(FaultInjection, EveryCallSiteFailsCleanlyAndNothingLeaks) {
   std::uint64_t natural_failures = 0;  // a full device fails allocations without injection
   {
     SimDevice device(sim_options(64 * MiB));
-    CachingAllocator alloc(device, Config{});
+    CachingAllocator alloc(device, Config::parse("vmm:False"));  // the classic call sites
     exercise(device, alloc);
     calls = device.counters().of(fault.op);
     natural_failures = device.counters().failed(fault.op);
@@ -197,7 +197,7 @@ TEST_P(FaultInjection, EveryCallSiteFailsCleanlyAndNothingLeaks) {
     SimDevice device(sim_options(64 * MiB));
     device.fail_nth(fault.op, nth, fault.status);
     {
-      CachingAllocator alloc(device, Config{});
+      CachingAllocator alloc(device, Config::parse("vmm:False"));  // the classic call sites
       exercise(device, alloc);
       // A failure can change the path so that fewer calls follow, so not every nth fires.
       if (device.counters().failed(fault.op) > natural_failures) ++triggered;

@@ -132,15 +132,21 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"defaults", "", 512 * MiB, true},
-    {"max_split_40", "max_split_size_mb:40", 512 * MiB, true},
-    {"roundup_pow2_4", "roundup_power2_divisions:4", 512 * MiB, true},
-    {"no_cross_stream", "cross_stream_reuse:False", 512 * MiB, true},
-    {"gc_limit", "garbage_collection_threshold:0.6,memory_limit_mb:320", GiB, true},
+    {"defaults", "vmm:False", 512 * MiB, true},
+    {"max_split_40", "vmm:False,max_split_size_mb:40", 512 * MiB, true},
+    {"roundup_pow2_4", "vmm:False,roundup_power2_divisions:4", 512 * MiB, true},
+    {"no_cross_stream", "vmm:False,cross_stream_reuse:False", 512 * MiB, true},
+    {"gc_limit", "vmm:False,garbage_collection_threshold:0.6,memory_limit_mb:320", GiB, true},
     {"pass_through", "pass_through:True", 256 * MiB, true},
-    {"defaults_roomy", "", 16 * GiB, false},
-    {"exact_peaks", "exact_peaks:True", 512 * MiB, true},
-    {"parking", "park_small_blocks:True", 512 * MiB, true},
+    {"defaults_roomy", "vmm:False", 16 * GiB, false},
+    {"exact_peaks", "vmm:False,exact_peaks:True", 512 * MiB, true},
+    {"parking", "vmm:False,park_small_blocks:True", 512 * MiB, true},
+    // The virtual-memory engine at tight capacities: reclaim on nearly every miss.
+    {"vmm", "vmm:True", 256 * MiB, true},
+    {"vmm_page_handles", "vmm:True,large_handle_size_mb:2", 128 * MiB, true},
+    {"vmm_limit", "vmm:True,memory_limit_mb:160", GiB, true},
+    {"vmm_threshold", "vmm:True,release_threshold_mb:16,park_small_blocks:True", 256 * MiB, true},
+    {"vmm_roomy", "vmm:True", 16 * GiB, false},
 };
 
 struct Param {
@@ -614,7 +620,7 @@ class BestFitRun {
  public:
   BestFitRun(std::uint64_t seed, bool large_only)
       : device_(options()),
-        alloc_(device_, Config::parse("park_small_blocks:False")),
+        alloc_(device_, Config::parse("vmm:False,park_small_blocks:False")),
         rng_(seed),
         large_only_(large_only) {}
 
@@ -737,7 +743,7 @@ INSTANTIATE_TEST_SUITE_P(Seeds, RandomizedBestFit, ::testing::Values(11, 12, 13)
 // (tests/test_caching_allocator.cpp covers that side).
 TEST(BestFitWithoutParking, AFreedSmallBlockIsTheBestFitForASmallerRequest) {
   SimDevice device;
-  CachingAllocator alloc(device, Config::parse("park_small_blocks:False"));
+  CachingAllocator alloc(device, Config::parse("vmm:False,park_small_blocks:False"));
   void* a = alloc.allocate(4096, default_stream);     // [base, base+4 KiB)
   void* guard = alloc.allocate(512, default_stream);  // keeps `a` from joining the rest
   alloc.deallocate(a, default_stream);                // free: 4 KiB at base, ~2 MiB after guard
@@ -750,7 +756,7 @@ TEST(BestFitWithoutParking, AFreedSmallBlockIsTheBestFitForASmallerRequest) {
 
 TEST(BestFitWithoutParking, FreedNeighboursCoalesceAtOnce) {
   SimDevice device;
-  CachingAllocator alloc(device, Config::parse("park_small_blocks:False"));
+  CachingAllocator alloc(device, Config::parse("vmm:False,park_small_blocks:False"));
   void* a = alloc.allocate(4096, default_stream);
   alloc.deallocate(a, default_stream);
   ASSERT_EQ(alloc.snapshot().segments.size(), 1u);

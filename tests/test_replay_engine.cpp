@@ -76,6 +76,9 @@ Options at_capacity(std::uint64_t bytes) {
 
 /// A 3 MiB block (a 20 MiB large segment) and a 1000-byte block (a 2 MiB small segment), both
 /// live at once: cistern and torch need exactly 22 MiB, nocache 4 + 2 MiB.
+// The classic path (one device allocation per segment): the layouts below are PyTorch's.
+constexpr const char* kClassic = "cistern:vmm=false";
+
 trace::Trace large_and_small() {
   return TraceBuilder().alloc(0, 3 * MiB).alloc(1, 1000).free(0).free(1).build();
 }
@@ -84,7 +87,7 @@ trace::Trace large_and_small() {
 
 TEST(ReplayEngine, SmallBlocksShareOneSmallSegment) {
   const trace::Trace t = TraceBuilder().alloc(0, 1000).alloc(1, 1000).free(0).free(1).build();
-  const Result r = run(t, Policy::parse("cistern"), {});
+  const Result r = run(t, Policy::parse(kClassic), {});
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(r.peak_live, 2000u);
   EXPECT_EQ(r.peak_reserved, 2 * MiB);  // both 1024-byte blocks in one 2 MiB small segment
@@ -92,7 +95,7 @@ TEST(ReplayEngine, SmallBlocksShareOneSmallSegment) {
   EXPECT_EQ(r.device_frees, 0u);  // cached, not returned
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.events, 4u);
-  EXPECT_EQ(r.policy, "cistern");
+  EXPECT_EQ(r.policy, kClassic);
   EXPECT_EQ(r.start, "cold");
   EXPECT_EQ(r.capacity, Options{}.capacity);
   ASSERT_TRUE(r.overhead.has_value());
@@ -122,7 +125,7 @@ TEST(ReplayEngine, LargeRequestsAndTheirSegments) {
                              .free(1)
                              .free(2)
                              .build();
-  for (const char* policy : {"cistern", "torch"}) {
+  for (const char* policy : {kClassic, "torch"}) {
     SCOPED_TRACE(policy);
     const Result r = run(t, Policy::parse(policy), {});
     ASSERT_EQ(r.error, "");
@@ -146,7 +149,7 @@ TEST(ReplayEngine, ALargeRequestIsServedFromCachedSpace) {
                              .free(1)
                              .free(2)
                              .build();
-  const Result r = run(t, Policy::parse("cistern"), {});
+  const Result r = run(t, Policy::parse(kClassic), {});
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(r.peak_reserved, 20 * MiB);
   EXPECT_EQ(r.device_allocs, 1u);
@@ -160,7 +163,7 @@ TEST(ReplayEngine, CostModelPricesDeviceCalls) {
   o.costs.alloc_ns_per_mib = 10;
   o.costs.free_ns = 500;
   o.costs.free_ns_per_mib = 1;
-  const Result r = run(t, Policy::parse("cistern"), o);
+  const Result r = run(t, Policy::parse(kClassic), o);
   ASSERT_EQ(r.error, "");
   ASSERT_TRUE(r.device_ms.has_value());
   EXPECT_DOUBLE_EQ(*r.device_ms, (1000 + 10 * 12 + 500 + 1 * 12) / 1e6);
@@ -170,7 +173,7 @@ TEST(ReplayEngine, CostModelPricesDeviceCalls) {
 
 TEST(ReplayEngine, CountsOutOfMemoryAndSkipsTheFailedFree) {
   // 4 MiB cannot hold the 20 MiB segment of the 3 MiB request; the small one fits.
-  const Result r = run(large_and_small(), Policy::parse("cistern"), at_capacity(4 * MiB));
+  const Result r = run(large_and_small(), Policy::parse(kClassic), at_capacity(4 * MiB));
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(r.ooms, 1u);
   EXPECT_EQ(r.peak_reserved, 2 * MiB);
@@ -188,16 +191,23 @@ TEST(ReplayEngine, EveryAllocationFailsOnATinyDevice) {
 // --- min_capacity ---------------------------------------------------------------------------------
 
 TEST(ReplayEngine, MinCapacityIsExact) {
-  EXPECT_EQ(min_capacity(large_and_small(), Policy::parse("cistern"), {}), 22 * MiB);
+  EXPECT_EQ(min_capacity(large_and_small(), Policy::parse(kClassic), {}), 22 * MiB);
   EXPECT_EQ(min_capacity(large_and_small(), Policy::parse("torch"), {}), 22 * MiB);
   EXPECT_EQ(min_capacity(large_and_small(), Policy::parse("nocache"), {}), 6 * MiB);
   // The figure is what it says: no OOM there, one just below.
-  EXPECT_EQ(run(large_and_small(), Policy::parse("cistern"), at_capacity(22 * MiB)).ooms, 0u);
-  EXPECT_GT(run(large_and_small(), Policy::parse("cistern"), at_capacity(20 * MiB)).ooms, 0u);
+  EXPECT_EQ(run(large_and_small(), Policy::parse(kClassic), at_capacity(22 * MiB)).ooms, 0u);
+  EXPECT_GT(run(large_and_small(), Policy::parse(kClassic), at_capacity(20 * MiB)).ooms, 0u);
+}
+
+// The virtual-memory engine needs only the pages the live blocks touch: the 3 MiB block's two
+// pages and the small segment's one, where classic segments need the 20 MiB segment too.
+TEST(ReplayEngine, TheEngineNeedsOnlyThePagesLiveBlocksTouch) {
+  EXPECT_EQ(min_capacity(large_and_small(), Policy::parse("cistern"), {}), 6 * MiB);
+  EXPECT_EQ(min_capacity(large_and_small(), Policy::parse(kClassic), {}), 22 * MiB);
 }
 
 TEST(ReplayEngine, MinCapacityReportsItsProbes) {
-  const CapacitySearch s = search_min_capacity(large_and_small(), Policy::parse("cistern"), {});
+  const CapacitySearch s = search_min_capacity(large_and_small(), Policy::parse(kClassic), {});
   EXPECT_EQ(s.capacity, 22 * MiB);
   EXPECT_GE(s.probes, 2u);
   EXPECT_EQ(s.note, "");
@@ -205,12 +215,12 @@ TEST(ReplayEngine, MinCapacityReportsItsProbes) {
 
 TEST(ReplayEngine, MinCapacityOfNothingIsOneGranule) {
   const trace::Trace t = TraceBuilder().synchronize().build();
-  EXPECT_EQ(min_capacity(t, Policy::parse("cistern"), {}), 2 * MiB);
+  EXPECT_EQ(min_capacity(t, Policy::parse(kClassic), {}), 2 * MiB);
 }
 
 TEST(ReplayEngine, MinCapacityOfABadTraceThrows) {
   const trace::Trace t = TraceBuilder().free(7).build();
-  EXPECT_THROW(min_capacity(t, Policy::parse("cistern"), {}), cistern::Error);
+  EXPECT_THROW(min_capacity(t, Policy::parse(kClassic), {}), cistern::Error);
 }
 
 // --- program calls --------------------------------------------------------------------------------
@@ -226,7 +236,7 @@ TEST(ReplayEngine, EmptyCacheReturnsCachedSegments) {
                              .build();
   Options o;
   o.timeline_points = 100;
-  for (const char* policy : {"cistern", "torch"}) {
+  for (const char* policy : {kClassic, "torch"}) {
     SCOPED_TRACE(policy);
     const Result r = run(t, Policy::parse(policy), o);
     ASSERT_EQ(r.error, "");
@@ -252,7 +262,7 @@ TEST(ReplayEngine, StreamsOtherThanTheDefaultAreSimulated) {
                              .build();
   Options o;
   o.check_invariants = true;
-  const Result r = run(t, Policy::parse("cistern"), o);
+  const Result r = run(t, Policy::parse(kClassic), o);
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(r.peak_reserved, 20 * MiB);
 }
@@ -268,7 +278,7 @@ TEST(ReplayEngine, ColdStartAllocatesLiveBeforeBlocksFirst) {
                              .free(0)
                              .free(2)
                              .build();
-  const Result r = run(t, Policy::parse("cistern"), {});
+  const Result r = run(t, Policy::parse(kClassic), {});
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(r.peak_live, 3 * MiB + 1000);
   EXPECT_EQ(r.peak_reserved, 22 * MiB);
@@ -282,7 +292,7 @@ TEST(ReplayEngine, WarmStartOnlyForPoliciesThatSupportIt) {
   Options o;
   o.start = Start::warm;
   try {
-    run(large_and_small(), Policy::parse("cistern"), o);
+    run(large_and_small(), Policy::parse(kClassic), o);
     FAIL() << "expected InvalidArgument";
   } catch (const cistern::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("torch"), std::string::npos) << e.what();
@@ -298,7 +308,7 @@ TEST(ReplayEngine, WarmStartOnlyForPoliciesThatSupportIt) {
 
 TEST(ReplayEngine, BadFreeGivesAnErrorRow) {
   const trace::Trace t = TraceBuilder().alloc(0, 1000).free(7).build();
-  const Result r = run(t, Policy::parse("cistern"), {});
+  const Result r = run(t, Policy::parse(kClassic), {});
   EXPECT_NE(r.error.find("events[1]: free of id 7, which is not live"), std::string::npos)
       << r.error;
   EXPECT_FALSE(r.peak_reserved.has_value());
@@ -307,7 +317,7 @@ TEST(ReplayEngine, BadFreeGivesAnErrorRow) {
 
 TEST(ReplayEngine, DoubleAllocationAndDoubleFreeGiveErrorRows) {
   const Result twice =
-      run(TraceBuilder().alloc(0, 1).alloc(0, 1).build(), Policy::parse("cistern"), {});
+      run(TraceBuilder().alloc(0, 1).alloc(0, 1).build(), Policy::parse(kClassic), {});
   EXPECT_NE(twice.error.find("already live"), std::string::npos) << twice.error;
   const Result freed_twice =
       run(TraceBuilder().alloc(0, 1).free(0).free(0).build(), Policy::parse("nocache"), {});
@@ -315,7 +325,7 @@ TEST(ReplayEngine, DoubleAllocationAndDoubleFreeGiveErrorRows) {
 }
 
 TEST(ReplayEngine, StreamOutOfRangeGivesAnErrorRow) {
-  const Result r = run(TraceBuilder().alloc(0, 1, 3).build(), Policy::parse("cistern"), {});
+  const Result r = run(TraceBuilder().alloc(0, 1, 3).build(), Policy::parse(kClassic), {});
   EXPECT_NE(r.error.find("stream index 3"), std::string::npos) << r.error;
 }
 
@@ -336,7 +346,7 @@ TEST(ReplayEngine, TimelineKeepsThePeaks) {
   const trace::Trace t = sawtooth(50);
   Options o;
   o.timeline_points = 10;
-  const Result r = run(t, Policy::parse("cistern"), o);
+  const Result r = run(t, Policy::parse(kClassic), o);
   ASSERT_EQ(r.error, "");
   ASSERT_GE(r.timeline.size(), 10u);
   ASSERT_LE(r.timeline.size(), 12u);
@@ -359,7 +369,7 @@ TEST(ReplayEngine, TimelineKeepsThePeaks) {
 TEST(ReplayEngine, SegmentMapAtPeakHoldsThePeak) {
   Options o;
   o.segment_map_at_peak = true;
-  const Result r = run(sawtooth(30), Policy::parse("cistern"), o);
+  const Result r = run(sawtooth(30), Policy::parse(kClassic), o);
   ASSERT_EQ(r.error, "");
   ASSERT_TRUE(r.segment_map.has_value());
   std::uint64_t total = 0;
@@ -371,7 +381,8 @@ TEST(ReplayEngine, SegmentMapAtPeakHoldsThePeak) {
 TEST(ReplayEngine, CheckInvariantsRunsTheCheckers) {
   Options o;
   o.check_invariants = true;
-  for (const char* policy : {"cistern", "torch", "nocache", "cistern:max_split_size_mb=40"}) {
+  for (const char* policy :
+       {"cistern", kClassic, "torch", "nocache", "cistern:max_split_size_mb=40"}) {
     SCOPED_TRACE(policy);
     EXPECT_EQ(run(sawtooth(40), Policy::parse(policy), o).error, "");
   }
@@ -447,8 +458,9 @@ TEST(ReplayEngine, RunAllOrderAndParallelDeterminism) {
     EXPECT_EQ(one[i].policy, expected[i].second);
     expect_same_figures(one[i], two[i]);
   }
-  EXPECT_EQ(one[4].min_capacity, 22 * MiB);
+  EXPECT_EQ(one[4].min_capacity, 6 * MiB);  // cistern's engine: the pages live blocks touch
   EXPECT_EQ(one[5].min_capacity, 6 * MiB);
+  EXPECT_EQ(one[6].min_capacity, 22 * MiB);       // torch: the 20 MiB segment and the small one
   EXPECT_FALSE(one[0].min_capacity.has_value());  // recorded: no capacity search
   EXPECT_NE(one[8].error, "");
   EXPECT_EQ(progress, (std::vector<std::size_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));

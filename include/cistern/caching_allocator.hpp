@@ -57,6 +57,10 @@ class CachingAllocator final : public Allocator {
   std::size_t reserved_bytes() const noexcept override;
   /// Bytes currently handed to callers, rounded (cheap).
   std::size_t allocated_bytes() const noexcept;
+  /// Whether the virtual-memory engine is on (the `vmm` option and the device decide). With it,
+  /// `reserved_bytes()` is the physical memory held (handles, mapped or not) and the
+  /// `reserved_bytes` statistic the part mapped into segments, as PyTorch counts expandable ones.
+  bool uses_virtual_memory() const noexcept;
   /// The configuration in use.
   const Config& config() const noexcept;
   /// The device.

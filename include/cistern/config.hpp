@@ -59,9 +59,25 @@ struct Config {
   double garbage_collection_threshold = 0.0;
 
   // --- behaviour -----------------------------------------------------------------------------------
-  /// Map physical pages on demand into growable segments (`expandable_segments`). Parsed and kept;
-  /// the virtual-memory backend implements it.
+  /// PyTorch's `expandable_segments`: True turns the virtual-memory engine on (as `vmm:true`
+  /// does, where the device supports virtual memory).
   bool expandable_segments = false;
+  /// The virtual-memory engine (`vmm`): physical memory in granule-sized pages, mapped into
+  /// reserved address ranges only where live blocks need it and reclaimed from cached free
+  /// blocks instead of running out of memory. `automatic`: on when the device supports virtual
+  /// memory (or `expandable_segments` is set), `on`: required, `off`: classic segments.
+  enum class Vmm : std::uint8_t { automatic, on, off };
+  Vmm vmm = Vmm::automatic;
+  /// Bytes of unused physical memory (unmapped pages, and pages inside cached free blocks) the
+  /// engine keeps; above it, whole pages and handles go back to the device after a free
+  /// (`release_threshold_mb`, as `cudaMemPoolAttrReleaseThreshold`). SIZE_MAX: unlimited.
+  std::size_t release_threshold = SIZE_MAX;
+  /// Size of the physical handles the engine creates for the small pool
+  /// (`small_handle_size_mb`); a multiple of the device's granularity.
+  std::size_t small_handle_size = 2u << 20;
+  /// Size of the physical handles the engine creates for the large pool
+  /// (`large_handle_size_mb`); PyTorch maps 20 MiB handles there.
+  std::size_t large_handle_size = 20u << 20;
   /// Let a stream take a whole cached segment from another stream's pool, ordering itself after
   /// that stream's work with an event, before asking the device (`cross_stream_reuse`).
   bool cross_stream_reuse = true;

@@ -23,6 +23,8 @@ struct HistoryEntry {
     segment_alloc,   ///< a segment obtained from the device; size = segment size
     segment_free,    ///< a segment returned to the device
     oom,             ///< an allocation failed; size = the rounded request, addr = device free bytes
+    segment_map,     ///< pages mapped into an expandable segment; addr, size = the range
+    segment_unmap,   ///< pages unmapped from an expandable segment
   };
   Action action = Action::alloc;
   std::uintptr_t addr = 0;

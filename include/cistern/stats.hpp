@@ -74,7 +74,14 @@ struct Stats {
   std::int64_t num_device_alloc = 0;        ///< device allocations (segments and maps)
   std::int64_t num_device_free = 0;         ///< device frees (segments and unmaps)
   std::int64_t num_cross_stream_reuse = 0;  ///< segments taken over from another stream's pool
-  std::int64_t max_split_size = -1;         ///< the configured value; -1 when unlimited
+  // The virtual-memory engine (zero without it).
+  std::int64_t num_pages_mapped = 0;      ///< pages mapped into expandable segments
+  std::int64_t num_pages_unmapped = 0;    ///< pages unmapped (reclaim, release, empty_cache)
+  std::int64_t num_pages_reclaimed = 0;   ///< pages taken from cached free blocks for a request
+  std::int64_t num_handles_created = 0;   ///< physical handles created
+  std::int64_t num_handles_released = 0;  ///< physical handles returned to the device
+  std::int64_t num_reclaim_syncs = 0;     ///< waits for a stream's work before unmapping
+  std::int64_t max_split_size = -1;       ///< the configured value; -1 when unlimited
 
   /// One array statistic.
   Stat& get(StatKind kind, StatPool pool) noexcept {

@@ -24,6 +24,7 @@
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
 #include "history_log.hpp"
+#include "page_pool.hpp"
 #include "pool_stats.hpp"
 #include "size_policy.hpp"
 #include "stream_pool.hpp"
@@ -96,6 +97,8 @@ class CachingAllocator::Impl {
   std::size_t allocated_bytes() const noexcept;
   const Config& config() const noexcept { return config_; }
   Device& device() const noexcept { return device_; }
+  /// Whether the virtual-memory engine is on.
+  bool uses_vmm() const noexcept { return vmm_; }
 
  private:
   // Appends to the history when it is being recorded (one relaxed load otherwise).
@@ -139,6 +142,29 @@ class CachingAllocator::Impl {
   }
   void update_allowed();
 
+  // The virtual-memory engine (vmm.cpp); global lock held, and the lock of `pool` where one is
+  // passed. Segments are reserved address ranges; pages are mapped where blocks are handed out.
+  void* allocate_engine(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
+  void* take_mapped(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
+  detail::Block* new_expandable_segment(detail::StreamPool& pool, std::size_t size, bool small);
+  bool map_for(detail::StreamPool& pool, detail::Block* b, std::size_t size, bool small);
+  bool map_range(detail::StreamPool& pool, detail::Segment& seg, std::uintptr_t lo,
+                 std::uintptr_t hi);
+  void unmap_mapped_now(detail::StreamPool& pool, detail::Segment& seg,
+                        const std::vector<std::size_t>& pages);
+  bool obtain_pages(const detail::StreamPool& pool, const detail::Segment& seg, std::size_t n,
+                    std::uintptr_t lo, std::uintptr_t hi);
+  bool create_handle(const detail::Segment& seg, std::size_t deficit);
+  std::size_t reclaim_pages(const detail::StreamPool* held, std::size_t want,
+                            const detail::Segment* keep, std::uintptr_t lo, std::uintptr_t hi);
+  void wait_for_stream(Stream stream);
+  void unmap_page(detail::StreamPool& pool, detail::Segment& seg, std::size_t page);
+  bool release_expandable(detail::StreamPool& pool, detail::Block* b);
+  std::size_t release_unused_handles();
+  void trim_to_threshold();
+  void check_pages(const std::vector<const detail::Segment*>& segments) const;
+  std::size_t handle_size(bool large) const noexcept;
+
   // Inspection helpers (inspect.cpp).
   void check_pool(const detail::StreamPool& pool, Stats& totals) const;
 
@@ -163,6 +189,19 @@ class CachingAllocator::Impl {
   std::int64_t num_device_alloc_ = 0;
   std::int64_t num_device_free_ = 0;
   std::int64_t num_cross_stream_reuse_ = 0;
+  std::int64_t num_pages_mapped_ = 0;
+  std::int64_t num_pages_unmapped_ = 0;
+  std::int64_t num_pages_reclaimed_ = 0;
+  std::int64_t num_handles_created_ = 0;
+  std::int64_t num_handles_released_ = 0;
+  std::int64_t num_reclaim_syncs_ = 0;
+
+  // The virtual-memory engine.
+  bool vmm_ = false;                // the engine is on (fixed at construction)
+  bool trims_ = false;              // the engine with a release threshold
+  std::size_t page_size_ = 0;       // the device's granularity
+  std::size_t reserved_va_ = 0;     // address space of the expandable segments
+  detail::PagePool page_pool_;      // handles and unmapped pages (global lock)
   std::string last_release_error_;  // why the most recent segment release failed
 };
 

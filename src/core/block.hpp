@@ -21,9 +21,9 @@
 //    block may neighbour a free one until it is flushed);
 //  * a segment belongs to exactly one stream pool, and so do all its blocks;
 //  * `head` is the block at `base`.
-// A segment is a plain device allocation today; the virtual-memory backend will describe
-// mapped ranges with the same model (a segment whose pages can be remapped), which is why blocks
-// refer to addresses and sizes only, never to how the memory was obtained.
+// A segment is a plain device allocation (classic) or, with the virtual-memory engine, a reserved
+// address range whose pages are mapped on demand (expandable); blocks refer to addresses and
+// sizes only, never to how the memory was obtained, so both share the model.
 #pragma once
 
 #include <cstddef>
@@ -75,6 +75,21 @@ struct Segment {
   Segment* prev = nullptr;  // the owner pool's segment list
   Segment* next = nullptr;
   bool large = false;
+
+  // The virtual-memory engine (page_pool.hpp): an expandable segment is a reserved address
+  // range whose pages are mapped only where blocks need them. `pages[i]` is the physical page
+  // mapped at base + i * page_size, or kNoPage. Classic segments have no pages and
+  // unmapped_pages == 0, so the cache-hit path tests one counter.
+  static constexpr std::uint64_t kNoPage = ~std::uint64_t{0};
+  std::vector<std::uint64_t> pages;
+  std::size_t unmapped_pages = 0;
+  std::size_t page_size = 0;
+  bool expandable = false;
+
+  /// Bytes of physical memory mapped into the segment (its size, for a classic one).
+  std::size_t mapped_bytes() const noexcept {
+    return expandable ? (pages.size() - unmapped_pages) * page_size : size;
+  }
 };
 
 }  // namespace cistern::detail

@@ -57,12 +57,27 @@ CachingAllocator::Impl::Impl(Device& device, Config config)
   MemoryInfo info;
   if (device_.memory_info(&info) == Status::ok) device_total_ = info.total;
   update_allowed();
+  const bool supported = device_.supports_virtual_memory();
+  if (config_.vmm == Config::Vmm::on && !supported) {
+    throw InvalidArgument(fmt::format(
+        "cistern: vmm:True, but device {} ({}) does not support virtual memory; use vmm:auto or "
+        "vmm:False",
+        device_.index(), device_.name()));
+  }
+  // expandable_segments:True asks for the engine as vmm:True does, but (as in PyTorch) falls
+  // back to classic segments where the device cannot map pages.
+  const bool wanted = config_.vmm == Config::Vmm::on || (config_.vmm == Config::Vmm::automatic) ||
+                      config_.expandable_segments;
+  vmm_ = supported && wanted && config_.vmm != Config::Vmm::off && !config_.pass_through;
+  page_size_ = device_.granularity();
+  trims_ = vmm_ && config_.release_threshold != SIZE_MAX;
 }
 
 CachingAllocator::Impl::~Impl() {
   std::lock_guard<std::mutex> global(mutex_);
   try {
     release_cache(nullptr);
+    if (vmm_) release_unused_handles();
   } catch (const Error&) {
     // The device is failing (or, with CUDA, already shut down): what is left is its to reclaim.
   }
@@ -136,7 +151,9 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
     if (small) {
       if (void* p = pool.take_parked(size, bytes)) return p;
     }
-    if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+    // A block of an expandable segment with pages missing is mapped on the slow path.
+    Block* b = pool.find(size, small);
+    if (b != nullptr && b->segment->unmapped_pages == 0) return pool.take(b, size, bytes);
   }
   return allocate_slow(pool, size, bytes, small);
 }
@@ -152,6 +169,7 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   if (small) {
     if (void* p = pool.take_parked(size, bytes)) return p;  // freed meanwhile
   }
+  if (vmm_) return allocate_engine(pool, size, bytes, small);
   if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
   // Coalesce what is parked before anything that would need more memory.
   pool.flush_parked();
@@ -215,16 +233,19 @@ CISTERN_HOT void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, 
 void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  bool freed = false;
   if (!config_.pass_through) {
     if (StreamPool* pool = pools_.find(stream)) {
       std::lock_guard<detail::SpinLock> lock(pool->mutex);
       if (Block* b = pool->extract_allocated(addr)) {
         free_block(*pool, b, stream);
-        return;
+        freed = true;
       }
     }
   }
-  deallocate_slow(addr, stream);
+  if (!freed) deallocate_slow(addr, stream);
+  // With a release threshold a free may give memory back (no pool lock may be held for that).
+  if (trims_) trim_to_threshold();
 }
 
 // Frees on another stream than the allocating one, pass-through frees, and misuse.
@@ -455,6 +476,7 @@ std::size_t CachingAllocator::allocation_size(void* ptr) const {
 }
 std::size_t CachingAllocator::reserved_bytes() const noexcept { return impl_->reserved_bytes(); }
 std::size_t CachingAllocator::allocated_bytes() const noexcept { return impl_->allocated_bytes(); }
+bool CachingAllocator::uses_virtual_memory() const noexcept { return impl_->uses_vmm(); }
 const Config& CachingAllocator::config() const noexcept { return impl_->config(); }
 Device& CachingAllocator::device() const noexcept { return impl_->device(); }
 void CachingAllocator::set_memory_fraction(double fraction) {

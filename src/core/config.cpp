@@ -82,6 +82,28 @@ bool parse_bool(const std::string& text) {
 
 std::string bool_text(bool value) { return value ? "True" : "False"; }
 
+Config::Vmm parse_vmm(const std::string& text) {
+  if (text == "auto") return Config::Vmm::automatic;
+  try {
+    return parse_bool(text) ? Config::Vmm::on : Config::Vmm::off;
+  } catch (const BadValue&) {
+    throw BadValue{"expected auto, True or False"};
+  }
+}
+
+std::string vmm_text(Config::Vmm vmm) {
+  switch (vmm) {
+    case Config::Vmm::on: return "True";
+    case Config::Vmm::off: return "False";
+    case Config::Vmm::automatic: break;
+  }
+  return "auto";
+}
+
+std::string positive_size(std::size_t bytes) {
+  return bytes > 0 ? std::string() : std::string("must be more than 0");
+}
+
 std::uint64_t parse_whole_number(const std::string& text, const char* expected) {
   const bool all_digits = !text.empty() && std::all_of(text.begin(), text.end(),
                                                        [](char c) { return c >= '0' && c <= '9'; });
@@ -331,10 +353,39 @@ constexpr Option kOptions[] = {
        return fmt::format("{}; got {}", kThresholdRange, c.garbage_collection_threshold);
      }},
     {"expandable_segments", "bool",
-     "Maps physical pages on demand into growable segments instead of fixed-size segments "
-     "(implemented by the virtual-memory backend).",
+     "PyTorch's expandable segments: True turns the virtual-memory engine on (as vmm:true, where "
+     "the device supports virtual memory).",
      [](Config& c, const std::string& text) { c.expandable_segments = parse_bool(text); },
      [](const Config& c) { return bool_text(c.expandable_segments); }, nullptr},
+    {"vmm", "auto, True or False",
+     "The virtual-memory engine: physical memory in pages mapped only where live blocks need "
+     "them, reclaimed from cached free blocks before running out of memory; auto: on when the "
+     "device supports virtual memory (SimDevice, CudaVmmDevice), True: required, False: classic "
+     "segments.",
+     [](Config& c, const std::string& text) { c.vmm = parse_vmm(text); },
+     [](const Config& c) { return vmm_text(c.vmm); }, nullptr},
+    {"release_threshold_mb", "MiB or unlimited",
+     "With the engine: unused physical memory (unmapped pages and pages inside cached free "
+     "blocks) kept after a free; above it, pages and whole handles go back to the device.",
+     [](Config& c, const std::string& text) {
+       c.release_threshold = text == "unlimited" ? SIZE_MAX : parse_mib(text);
+     },
+     [](const Config& c) {
+       return c.release_threshold == SIZE_MAX ? std::string("unlimited")
+                                              : mib_text(c.release_threshold);
+     },
+     nullptr},
+    {"small_handle_size_mb", "MiB, > 0",
+     "With the engine: size of the physical handles created for the small pool.",
+     [](Config& c, const std::string& text) { c.small_handle_size = parse_mib(text); },
+     [](const Config& c) { return mib_text(c.small_handle_size); },
+     [](const Config& c) { return positive_size(c.small_handle_size); }},
+    {"large_handle_size_mb", "MiB, > 0",
+     "With the engine: size of the physical handles created for the large pool (PyTorch maps "
+     "20 MiB handles there).",
+     [](Config& c, const std::string& text) { c.large_handle_size = parse_mib(text); },
+     [](const Config& c) { return mib_text(c.large_handle_size); },
+     [](const Config& c) { return positive_size(c.large_handle_size); }},
     {"per_process_memory_fraction", "fraction in (0, 1]",
      "Fraction of the device's memory that this allocator may reserve.",
      [](Config& c, const std::string& text) {

@@ -12,6 +12,8 @@ const char* to_string(HistoryEntry::Action action) noexcept {
     case HistoryEntry::Action::free_completed: return "free_completed";
     case HistoryEntry::Action::segment_alloc: return "segment_alloc";
     case HistoryEntry::Action::segment_free: return "segment_free";
+    case HistoryEntry::Action::segment_map: return "segment_map";
+    case HistoryEntry::Action::segment_unmap: return "segment_unmap";
     case HistoryEntry::Action::oom: return "oom";
   }
   return "unknown";

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "allocator_impl.hpp"
 
@@ -37,6 +38,12 @@ Stats CachingAllocator::Impl::stats() const {
   s.num_device_alloc = num_device_alloc_;
   s.num_device_free = num_device_free_;
   s.num_cross_stream_reuse = num_cross_stream_reuse_;
+  s.num_pages_mapped = num_pages_mapped_;
+  s.num_pages_unmapped = num_pages_unmapped_;
+  s.num_pages_reclaimed = num_pages_reclaimed_;
+  s.num_handles_created = num_handles_created_;
+  s.num_handles_released = num_handles_released_;
+  s.num_reclaim_syncs = num_reclaim_syncs_;
   s.max_split_size =
       config_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(config_.max_split_size);
   return s;
@@ -60,6 +67,8 @@ void CachingAllocator::Impl::reset_accumulated_stats() {
   }
   num_alloc_retries_ = num_ooms_ = num_sync_all_streams_ = 0;
   num_device_alloc_ = num_device_free_ = num_cross_stream_reuse_ = 0;
+  num_pages_mapped_ = num_pages_unmapped_ = num_pages_reclaimed_ = 0;
+  num_handles_created_ = num_handles_released_ = num_reclaim_syncs_ = 0;
 }
 
 // --- snapshot -------------------------------------------------------------------------------------------
@@ -76,6 +85,43 @@ cistern::BlockState snapshot_state(State state) {
   return cistern::BlockState::inactive;
 }
 
+// An expandable segment as PyTorch shows one: each run of mapped pages is a segment of its own
+// (PyTorch's blocks never cover unmapped memory), with the blocks clipped to it; the pages of an
+// allocated or pending block are always mapped, so only free blocks are ever clipped.
+void add_expandable(const detail::Segment& s, const StreamPool& pool, int device, Snapshot& snap) {
+  const std::size_t g = s.page_size;
+  for (std::size_t i = 0; i < s.pages.size();) {
+    if (s.pages[i] == detail::Segment::kNoPage) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < s.pages.size() && s.pages[j] != detail::Segment::kNoPage) ++j;
+    const std::uintptr_t lo = s.base + i * g;
+    const std::uintptr_t hi = s.base + j * g;
+    SegmentInfo info;
+    info.device = device;
+    info.address = lo;
+    info.total_size = hi - lo;
+    info.stream = pool.stream;
+    info.is_large = s.large;
+    info.is_expandable = true;
+    for (const Block* b = s.head; b != nullptr; b = b->next) {
+      const std::uintptr_t start = std::max(b->addr, lo);
+      const std::uintptr_t end = std::min(b->addr + b->size, hi);
+      if (start >= end) continue;
+      info.blocks.push_back({start, end - start, b->requested, snapshot_state(b->state)});
+      if (b->state == State::allocated) info.allocated_size += b->size;
+      if (b->state == State::allocated || b->state == State::pending) {
+        info.active_size += b->size;
+        info.requested_size += b->requested;
+      }
+    }
+    snap.segments.push_back(std::move(info));
+    i = j;
+  }
+}
+
 }  // namespace
 
 Snapshot CachingAllocator::Impl::snapshot() const {
@@ -84,6 +130,10 @@ Snapshot CachingAllocator::Impl::snapshot() const {
   Snapshot snap;
   for (const auto& pool : pools_.all()) {
     for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
+      if (s->expandable) {
+        add_expandable(*s, *pool, device_.index(), snap);
+        continue;
+      }
       SegmentInfo info;
       info.device = device_.index();
       info.address = s->base;
@@ -127,7 +177,7 @@ void count_segment(const detail::Segment& s, const detail::SizePolicy& policy, S
     totals.get(kind, StatPool::all).current += delta;
   };
   add(StatKind::segment, 1);
-  add(StatKind::reserved_bytes, static_cast<std::int64_t>(s.size));
+  add(StatKind::reserved_bytes, static_cast<std::int64_t>(s.mapped_bytes()));
   if (policy.is_oversize(s.size)) totals.oversize_segments.current += 1;
   for (const Block* b = s.head; b != nullptr; b = b->next) {
     const auto size = static_cast<std::int64_t>(b->size);
@@ -276,16 +326,96 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
          pool, "allocated-bytes mirror disagrees");
 }
 
+// The engine's pages: every page of an allocated, pending or parked block is mapped; every
+// mapped or pooled page belongs to a live handle and appears once; the handles' pages are exactly
+// the mapped and pooled ones; the reserved counter is the handles held.
+void CachingAllocator::Impl::check_pages(
+    const std::vector<const detail::Segment*>& segments) const {
+  auto fail = [](const std::string& what) {
+    throw InvariantViolation("cistern::check: virtual-memory engine: " + what);
+  };
+  const auto& handles = page_pool_.handles();
+  std::set<std::uint64_t> seen;
+  auto claim = [&](std::uint64_t id, const char* where) {
+    const std::uint32_t slot = detail::page_slot(id);
+    if (slot >= handles.size() || !handles[slot].live ||
+        detail::page_index(id) >= handles[slot].pages) {
+      fail(fmt::format("{} page {:#x} is not a page of a live handle", where, id));
+    }
+    if (!seen.insert(id).second) fail(fmt::format("page {:#x} is used twice", id));
+  };
+  for (const detail::Segment* s : segments) {
+    const std::size_t g = s->page_size;
+    if (g != page_size_ || s->pages.size() * g != s->size) {
+      fail(fmt::format("segment {:#x}: {} pages of {} bytes for {} bytes", s->base, s->pages.size(),
+                       g, s->size));
+    }
+    const auto unmapped = static_cast<std::size_t>(
+        std::count(s->pages.begin(), s->pages.end(), detail::Segment::kNoPage));
+    if (unmapped != s->unmapped_pages) {
+      fail(fmt::format("segment {:#x}: {} pages unmapped but counted {}", s->base, unmapped,
+                       s->unmapped_pages));
+    }
+    for (const std::uint64_t id : s->pages) {
+      if (id != detail::Segment::kNoPage) claim(id, "mapped");
+    }
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      if (b->is_free()) continue;
+      for (std::size_t i = (b->addr - s->base) / g; i * g < b->addr + b->size - s->base; ++i) {
+        if (s->pages[i] == detail::Segment::kNoPage) {
+          fail(fmt::format("the {} block {:#x} uses the unmapped page at {:#x}",
+                           b->state == State::allocated ? "allocated" : "pending or parked",
+                           b->addr, s->base + i * g));
+        }
+      }
+    }
+  }
+  std::size_t va = 0;
+  for (const detail::Segment* s : segments) va += s->size;
+  if (va != reserved_va_) {
+    fail(fmt::format("the segments span {} bytes but the counter says {}", va, reserved_va_));
+  }
+  std::vector<std::size_t> pooled(handles.size(), 0);
+  for (const std::uint64_t id : page_pool_.pooled_pages()) {
+    claim(id, "pooled");
+    ++pooled[detail::page_slot(id)];
+  }
+  std::size_t held = 0;
+  std::size_t pages = 0;
+  for (std::size_t slot = 0; slot < handles.size(); ++slot) {
+    if (!handles[slot].live) continue;
+    if (pooled[slot] != handles[slot].pooled) {
+      fail(fmt::format("handle {} has {} pages pooled but counts {}", slot, pooled[slot],
+                       handles[slot].pooled));
+    }
+    held += handles[slot].pages * page_size_;
+    pages += handles[slot].pages;
+  }
+  if (seen.size() != pages) {
+    fail(fmt::format("the live handles have {} pages but {} are mapped or pooled", pages,
+                     seen.size()));
+  }
+  if (held != reserved_bytes()) {
+    fail(fmt::format("reserved counter {} but the handles hold {}", reserved_bytes(), held));
+  }
+}
+
 void CachingAllocator::Impl::check() const {
   std::lock_guard<std::mutex> global(mutex_);
   AllPoolsLock locks(pools_, nullptr);
   Stats totals;
+  std::vector<const detail::Segment*> expandable;
   for (const auto& pool : pools_.all()) {
     check_pool(*pool, totals);
     pool->publish_stats();
+    for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
+      if (s->expandable) expandable.push_back(s);
+    }
   }
   const std::int64_t reserved = totals.get(StatKind::reserved_bytes, StatPool::all).current;
-  if (static_cast<std::int64_t>(reserved_bytes()) != reserved) {
+  if (vmm_) {
+    check_pages(expandable);  // reserved memory is the handles held, not the segments
+  } else if (static_cast<std::int64_t>(reserved_bytes()) != reserved) {
     throw InvariantViolation(fmt::format("cistern::check: reserved counter {} but segments hold {}",
                                          reserved_bytes(), reserved));
   }

@@ -42,6 +42,7 @@ Block* CachingAllocator::Impl::new_segment(StreamPool& pool, std::size_t size, b
 // Pool lock held; `b` is a whole free segment. Returns it to the device; on failure it stays
 // cached and the reason is kept in last_release_error_.
 bool CachingAllocator::Impl::release_segment(StreamPool& pool, Block* b) {
+  if (b->segment->expandable) return release_expandable(pool, b);
   const std::uintptr_t base = b->segment->base;
   const std::size_t size = b->segment->size;
   const Status status = device_.deallocate(reinterpret_cast<void*>(base));
@@ -152,11 +153,16 @@ std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held) {
 
 void CachingAllocator::Impl::empty_cache() {
   std::lock_guard<std::mutex> global(mutex_);
-  const std::size_t failures = release_cache(nullptr);
+  std::size_t failures = release_cache(nullptr);
+  if (vmm_) {
+    // Every page left inside a cached free block of a split segment, then every handle unused.
+    reclaim_pages(nullptr, SIZE_MAX, nullptr, 0, 0);
+    failures += release_unused_handles();
+  }
   if (failures != 0) {
     throw DeviceError("deallocate",
-                      fmt::format("cistern: empty_cache: {} segment(s) could not be returned to "
-                                  "the device and stay cached; last failure: {}",
+                      fmt::format("cistern: empty_cache: {} segment(s) or handle(s) could not be "
+                                  "returned to the device and stay cached; last failure: {}",
                                   failures, last_release_error_));
   }
 }

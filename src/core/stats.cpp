@@ -71,6 +71,13 @@ std::map<std::string, std::int64_t> Stats::flatten() const {
   out["max_split_size"] = max_split_size;
   // Not a PyTorch key: cistern's own counter, kept in the same flat namespace.
   out["num_cross_stream_reuse"] = num_cross_stream_reuse;
+  // The virtual-memory engine's counters (cistern's own keys, PyTorch-style names).
+  out["num_pages_mapped"] = num_pages_mapped;
+  out["num_pages_unmapped"] = num_pages_unmapped;
+  out["num_pages_reclaimed"] = num_pages_reclaimed;
+  out["num_handles_created"] = num_handles_created;
+  out["num_handles_released"] = num_handles_released;
+  out["num_reclaim_syncs"] = num_reclaim_syncs;
   return out;
 }
 

@@ -231,12 +231,19 @@ void StreamPool::unlink_segment(Segment* s) noexcept {
   --segment_count_;
 }
 
-Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool large) {
+Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool large,
+                                   std::size_t page_size) {
   auto segment = std::make_unique<Segment>();
   Block* b = arena_.make();
   segment->base = base;
   segment->size = size;
   segment->large = large;
+  if (page_size != 0) {  // an expandable segment: address space only, no page mapped yet
+    segment->expandable = true;
+    segment->page_size = page_size;
+    segment->pages.assign(size / page_size, Segment::kNoPage);
+    segment->unmapped_pages = segment->pages.size();
+  }
   segment->head = b;
   b->addr = base;
   b->size = size;
@@ -244,7 +251,8 @@ Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool l
   link_segment(segment.release());
   const bool small = !large;
   stats_.inc(StatKind::segment, small, 1);
-  stats_.inc(StatKind::reserved_bytes, small, static_cast<std::int64_t>(size));
+  stats_.inc(StatKind::reserved_bytes, small,
+             static_cast<std::int64_t>(b->segment->mapped_bytes()));
   if (policy_.is_oversize(size)) stats_.add_oversize_segments(1);
   index_block(b);
   publish_stats();  // segment changes are rare: keep allocator-wide reserved peaks exact
@@ -254,7 +262,7 @@ Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool l
 Segment* StreamPool::remove_whole_segment(Block* b, bool count_as_freed) {
   Segment* segment = b->segment;
   const bool small = !segment->large;
-  const auto size = static_cast<std::int64_t>(segment->size);
+  const auto size = static_cast<std::int64_t>(segment->mapped_bytes());
   unindex(b);
   unlink_segment(segment);
   if (count_as_freed) {
@@ -276,7 +284,8 @@ void StreamPool::adopt_segment(Segment* segment) {
   const bool small = !segment->large;
   link_segment(segment);
   stats_.transfer(StatKind::segment, small, 1);
-  stats_.transfer(StatKind::reserved_bytes, small, static_cast<std::int64_t>(segment->size));
+  stats_.transfer(StatKind::reserved_bytes, small,
+                  static_cast<std::int64_t>(segment->mapped_bytes()));
   if (policy_.is_oversize(segment->size)) stats_.transfer_oversize_segments(1);
   index_block(segment->head);
   publish_stats();

@@ -201,7 +201,19 @@ class StreamPool {
   // --- segments (pool lock and global lock held) -------------------------------------------------
 
   /// Adopts a new segment obtained from the device; returns its single free block (indexed).
-  Block* add_new_segment(std::uintptr_t base, std::size_t size, bool large);
+  /// `page_size` != 0: an expandable segment (reserved address space, no page mapped yet).
+  Block* add_new_segment(std::uintptr_t base, std::size_t size, bool large,
+                         std::size_t page_size = 0);
+  /// Counts pages mapped into (`bytes` > 0) or unmapped from one of this pool's expandable
+  /// segments in its reserved bytes.
+  void count_mapped(bool small, std::int64_t bytes) noexcept {
+    if (bytes >= 0) {
+      stats_.inc(StatKind::reserved_bytes, small, bytes);
+    } else {
+      stats_.dec(StatKind::reserved_bytes, small, -bytes);
+    }
+    publish_stats();
+  }
   /// Removes a whole free segment's block from the cache and forgets the segment; returns it.
   /// `count_as_freed`: false when the segment moves to another pool.
   Segment* remove_whole_segment(Block* b, bool count_as_freed);

@@ -67,19 +67,27 @@ class RecordingDevice final : public Device {
     note(Action::segment_free, addr, bytes);
     return device_.deallocate(ptr);
   }
-  bool supports_virtual_memory() const noexcept override { return false; }
-  Status reserve(std::size_t, std::size_t, void**) noexcept override {
-    return Status::not_supported;
+  // Virtual memory is forwarded: cistern's engine records its own segment_map / segment_unmap.
+  bool supports_virtual_memory() const noexcept override {
+    return device_.supports_virtual_memory();
   }
-  Status release_reservation(void*, std::size_t) noexcept override { return Status::not_supported; }
-  Status create_physical(std::size_t, PhysicalHandle*) noexcept override {
-    return Status::not_supported;
+  Status reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept override {
+    return device_.reserve(bytes, alignment, va);
   }
-  Status release_physical(PhysicalHandle) noexcept override { return Status::not_supported; }
-  Status map(void*, std::size_t, PhysicalHandle, std::size_t) noexcept override {
-    return Status::not_supported;
+  Status release_reservation(void* va, std::size_t bytes) noexcept override {
+    return device_.release_reservation(va, bytes);
   }
-  Status unmap(void*, std::size_t) noexcept override { return Status::not_supported; }
+  Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept override {
+    return device_.create_physical(bytes, handle);
+  }
+  Status release_physical(PhysicalHandle handle) noexcept override {
+    return device_.release_physical(handle);
+  }
+  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
+             std::size_t offset) noexcept override {
+    return device_.map(va, bytes, handle, offset);
+  }
+  Status unmap(void* va, std::size_t bytes) noexcept override { return device_.unmap(va, bytes); }
   Status create_event(Event* event) noexcept override { return device_.create_event(event); }
   Status destroy_event(Event event) noexcept override { return device_.destroy_event(event); }
   Status record_event(Event event, Stream stream) noexcept override {

@@ -45,6 +45,8 @@ class HistoryReader {
       case Action::free_completed: return on_free_completed(entry);
       case Action::segment_alloc: return on_segment(entry, RecordedSegmentEvent::Kind::alloc);
       case Action::segment_free: return on_segment(entry, RecordedSegmentEvent::Kind::free);
+      case Action::segment_map: return on_segment(entry, RecordedSegmentEvent::Kind::map);
+      case Action::segment_unmap: return on_segment(entry, RecordedSegmentEvent::Kind::unmap);
       case Action::oom: return on_oom(entry);
     }
   }
@@ -118,8 +120,9 @@ class HistoryReader {
     segment.stream = streams_.index(entry.stream.handle);
     segment.time = time(entry);
     trace_.recorded.segment_events.push_back(segment);
-    reserved_ =
-        kind == RecordedSegmentEvent::Kind::alloc ? reserved_ + entry.size : reserved_ - entry.size;
+    const bool grows =
+        kind == RecordedSegmentEvent::Kind::alloc || kind == RecordedSegmentEvent::Kind::map;
+    reserved_ = grows ? reserved_ + entry.size : reserved_ - entry.size;
     peak_reserved_ = std::max(peak_reserved_, reserved_);
   }
 

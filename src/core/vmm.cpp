@@ -1,0 +1,336 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The virtual-memory engine: segments are reserved address ranges (expandable segments) placed
+// and cut by the same best fit as classic ones, and physical memory is granule-sized pages mapped
+// only where a block is handed out. A cached free block keeps its pages, so a steady state makes
+// no device calls. When a request needs pages and no handle can be created (the device or the
+// configured limit is full), pages lying entirely inside cached free blocks - of any pool - are
+// unmapped and mapped where they are needed (reclaim). A page is unmapped only once the work of
+// its pool's stream has completed: one event per pool, queried first and waited for only if
+// still running. Everything here runs under the global lock.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "allocator_impl.hpp"
+#include "device_call.hpp"
+
+namespace cistern {
+
+using detail::Block;
+using detail::Segment;
+using detail::StreamPool;
+
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+
+void* address(const Segment& seg, std::size_t page) {
+  return reinterpret_cast<void*>(seg.base + page * seg.page_size);
+}
+
+}  // namespace
+
+std::size_t CachingAllocator::Impl::handle_size(bool large) const noexcept {
+  return round_up(large ? config_.large_handle_size : config_.small_handle_size, page_size_);
+}
+
+// --- allocation -------------------------------------------------------------------------------------------
+
+// Pool lock held. Hands out the best fit (mapping its pages), else a new expandable segment. Short
+// of pages even after reclaim, waits for every pending free (they may cover pages) and tries
+// once more; out of memory only when the live blocks leave no page to take.
+void* CachingAllocator::Impl::allocate_engine(StreamPool& pool, std::size_t size, std::size_t bytes,
+                                              bool small) {
+  // Parked blocks are coalesced first: reclaim must not merge a block it is mapping.
+  pool.flush_parked();
+  if (void* p = take_mapped(pool, size, bytes, small)) return p;
+  // As PyTorch before it reports out of memory: wait for every pending free and return every
+  // whole cached segment (its pages go to the page pool), then try once more.
+  ++num_alloc_retries_;
+  release_cache(&pool);
+  if (void* p = take_mapped(pool, size, bytes, small)) return p;
+  throw_out_of_memory(pool, bytes, size, policy_.segment_size(size), small);
+}
+
+// Pool lock held. The best cached block (or a new segment's) with its pages mapped, or nullptr
+// when the pages cannot be had.
+void* CachingAllocator::Impl::take_mapped(StreamPool& pool, std::size_t size, std::size_t bytes,
+                                          bool small) {
+  Block* b = pool.find(size, small);
+  if (b == nullptr) b = new_expandable_segment(pool, policy_.segment_size(size), small);
+  if (b == nullptr || !map_for(pool, b, size, small)) return nullptr;
+  return pool.take(b, size, bytes);
+}
+
+// Pool lock held. A new expandable segment (address space only), or nullptr when the device has
+// no address space left.
+Block* CachingAllocator::Impl::new_expandable_segment(StreamPool& pool, std::size_t size,
+                                                      bool small) {
+  const std::size_t reserved = round_up(size, page_size_);
+  void* va = nullptr;
+  const Status status = device_.reserve(reserved, 0, &va);
+  if (status == Status::out_of_memory) return nullptr;
+  detail::check_device(device_, status, DeviceOp::reserve);
+  reserved_va_ += reserved;
+  return pool.add_new_segment(reinterpret_cast<std::uintptr_t>(va), reserved, !small, page_size_);
+}
+
+// Pool lock held; `b` free and indexed. Maps the pages the block will occupy when handed out for
+// `size` (the split-off rest keeps whatever it has).
+bool CachingAllocator::Impl::map_for(StreamPool& pool, Block* b, std::size_t size, bool small) {
+  Segment& seg = *b->segment;
+  if (seg.unmapped_pages == 0) return true;
+  const std::size_t used = policy_.should_split(b->size, size, small) ? size : b->size;
+  return map_range(pool, seg, b->addr, b->addr + used);
+}
+
+// Maps every unmapped page of `seg` that [lo, hi) touches, one page per call. False (nothing
+// changed) when no page can be had; a failing map unmaps what this call mapped and throws.
+bool CachingAllocator::Impl::map_range(StreamPool& pool, Segment& seg, std::uintptr_t lo,
+                                       std::uintptr_t hi) {
+  const std::size_t first = (lo - seg.base) / seg.page_size;
+  const std::size_t last = (hi - seg.base + seg.page_size - 1) / seg.page_size;
+  std::vector<std::size_t> missing;
+  for (std::size_t i = first; i < last; ++i) {
+    if (seg.pages[i] == Segment::kNoPage) missing.push_back(i);
+  }
+  if (missing.empty()) return true;
+  if (!obtain_pages(pool, seg, missing.size(), lo, hi)) return false;
+  std::vector<std::size_t> mapped;
+  for (const std::size_t i : missing) {
+    const std::uint64_t id = page_pool_.take();
+    const detail::HandleSlot& slot = page_pool_.handle(detail::page_slot(id));
+    const Status status = device_.map(address(seg, i), seg.page_size, slot.handle,
+                                      std::size_t{detail::page_index(id)} * seg.page_size);
+    if (status != Status::ok) {
+      page_pool_.put(id);
+      unmap_mapped_now(pool, seg, mapped);
+      if (status == Status::out_of_memory) return false;
+      detail::throw_device_error(device_, status, DeviceOp::map);
+    }
+    seg.pages[i] = id;
+    --seg.unmapped_pages;
+    mapped.push_back(i);
+    pool.count_mapped(!seg.large, static_cast<std::int64_t>(seg.page_size));
+    ++num_pages_mapped_;
+    record(HistoryEntry::Action::segment_map, reinterpret_cast<std::uintptr_t>(address(seg, i)),
+           seg.page_size, pool.stream);
+  }
+  return true;
+}
+
+// Undoes the maps of a failed map_range (those pages were never handed out, nothing ran on them).
+void CachingAllocator::Impl::unmap_mapped_now(StreamPool& pool, Segment& seg,
+                                              const std::vector<std::size_t>& pages) {
+  for (const std::size_t i : pages) unmap_page(pool, seg, i);
+}
+
+// Makes the page pool hold `n` pages: new handles first, then pages reclaimed from cached free
+// blocks (never from [lo, hi) of `seg`, which is being mapped).
+bool CachingAllocator::Impl::obtain_pages(const StreamPool& pool, const Segment& seg, std::size_t n,
+                                          std::uintptr_t lo, std::uintptr_t hi) {
+  while (page_pool_.size() < n) {
+    const std::size_t deficit = n - page_pool_.size();
+    if (create_handle(seg, deficit)) continue;
+    if (reclaim_pages(&pool, deficit, &seg, lo, hi) == 0) return false;
+  }
+  return true;
+}
+
+// Creates one handle for `seg`'s kind: the configured handle size, else just the deficit, else
+// one page. The size never takes the handles held above the address space of the segments, so
+// the engine never holds more than classic segments placed the same way would. False when the
+// device or the limit has room for none.
+bool CachingAllocator::Impl::create_handle(const Segment& seg, std::size_t deficit) {
+  // Address space not backed: every unmapped page of every segment, less the pooled pages; at
+  // least the deficit, as the pages to map are unmapped and the pool holds fewer than them.
+  const std::size_t held = reserved_bytes();
+  const std::size_t unbacked = reserved_va_ > held ? reserved_va_ - held : 0;
+  const std::size_t preferred = std::max(page_size_, std::min(handle_size(seg.large), unbacked));
+  const std::size_t sizes[] = {preferred, std::min(preferred, deficit * page_size_), page_size_};
+  std::size_t tried = 0;
+  for (const std::size_t bytes : sizes) {
+    if (bytes == tried || exceeds_limit(bytes)) continue;
+    tried = bytes;
+    PhysicalHandle handle;
+    const Status status = device_.create_physical(bytes, &handle);
+    if (status == Status::out_of_memory) continue;
+    detail::check_device(device_, status, DeviceOp::create_physical);
+    page_pool_.add_handle(handle, bytes / page_size_);
+    reserved_.fetch_add(bytes, std::memory_order_relaxed);
+    ++num_handles_created_;
+    ++num_device_alloc_;
+    return true;
+  }
+  return false;
+}
+
+// --- reclaim ----------------------------------------------------------------------------------------------
+
+namespace {
+
+/// A mapped page lying entirely inside a cached free block.
+struct FreePage {
+  StreamPool* pool;
+  Segment* seg;
+  std::size_t page;
+};
+
+/// Up to `want` mapped pages lying entirely inside cached free blocks, grouped by pool, skipping
+/// [lo, hi) of `keep`. All pool locks held.
+std::vector<FreePage> free_pages(const std::vector<std::unique_ptr<StreamPool>>& pools,
+                                 std::size_t want, const Segment* keep, std::uintptr_t lo,
+                                 std::uintptr_t hi) {
+  std::vector<FreePage> found;
+  for (const auto& pool : pools) {
+    for (Segment* seg = pool->segments(); seg != nullptr && found.size() < want; seg = seg->next) {
+      if (!seg->expandable || seg->unmapped_pages == seg->pages.size()) continue;
+      const std::size_t g = seg->page_size;
+      for (const Block* b = seg->head; b != nullptr && found.size() < want; b = b->next) {
+        if (!b->is_free()) continue;
+        const std::size_t first = (b->addr - seg->base + g - 1) / g;
+        const std::size_t end = (b->addr + b->size - seg->base) / g;
+        for (std::size_t i = first; i < end && found.size() < want; ++i) {
+          if (seg->pages[i] == Segment::kNoPage) continue;
+          const std::uintptr_t at = seg->base + i * g;
+          if (seg == keep && at < hi && at + g > lo) continue;
+          found.push_back({pool.get(), seg, i});
+        }
+      }
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+// Unmaps up to `want` pages lying entirely inside cached free blocks of any pool into the page
+// pool, skipping [lo, hi) of `keep`. `held`: the pool whose lock the caller holds (nullptr:
+// none). Each pool whose pages are taken has its stream's work waited for first (once).
+std::size_t CachingAllocator::Impl::reclaim_pages(const StreamPool* held, std::size_t want,
+                                                  const Segment* keep, std::uintptr_t lo,
+                                                  std::uintptr_t hi) {
+  AllPoolsLock locks(pools_, held);
+  for (const auto& pool : pools_.all()) {
+    if (pool.get() != held) pool->flush_parked();  // the held pool's were flushed by its caller
+  }
+  const std::vector<FreePage> victims = free_pages(pools_.all(), want, keep, lo, hi);
+  const StreamPool* waited = nullptr;
+  for (const FreePage& v : victims) {
+    if (v.pool != waited) {  // victims are grouped by pool
+      wait_for_stream(v.pool->stream);
+      waited = v.pool;
+    }
+    unmap_page(*v.pool, *v.seg, v.page);
+  }
+  num_pages_reclaimed_ += static_cast<std::int64_t>(victims.size());
+  return victims.size();
+}
+
+// Blocks until the work submitted to `stream` so far has completed, through an event that is
+// queried first (most reclaims find the stream idle and wait for nothing).
+void CachingAllocator::Impl::wait_for_stream(Stream stream) {
+  Event event;
+  try {
+    event = events_.acquire();
+  } catch (const DeviceError&) {
+    ++num_reclaim_syncs_;
+    detail::check_device(device_, device_.synchronize_stream(stream), DeviceOp::synchronize_stream);
+    return;
+  }
+  Status status = device_.record_event(event, stream);
+  if (status == Status::ok) status = device_.query_event(event);
+  if (status == Status::not_ready) {
+    ++num_reclaim_syncs_;
+    status = device_.synchronize_event(event);
+  }
+  events_.release(event);
+  if (status != Status::ok) {
+    // Unmapping without knowing the work is done would be unsafe: fall back to the stream.
+    ++num_reclaim_syncs_;
+    detail::check_device(device_, device_.synchronize_stream(stream), DeviceOp::synchronize_stream);
+  }
+}
+
+// Lock of `pool` held; the page's users have completed. Unmaps it into the page pool.
+void CachingAllocator::Impl::unmap_page(StreamPool& pool, Segment& seg, std::size_t page) {
+  detail::check_device(device_, device_.unmap(address(seg, page), seg.page_size), DeviceOp::unmap);
+  page_pool_.put(seg.pages[page]);
+  seg.pages[page] = Segment::kNoPage;
+  ++seg.unmapped_pages;
+  pool.count_mapped(!seg.large, -static_cast<std::int64_t>(seg.page_size));
+  ++num_pages_unmapped_;
+  record(HistoryEntry::Action::segment_unmap, reinterpret_cast<std::uintptr_t>(address(seg, page)),
+         seg.page_size, pool.stream);
+}
+
+// --- giving memory back -----------------------------------------------------------------------------------
+
+// Lock of `pool` held; `b` a whole free expandable segment. Unmaps its pages (after its stream's
+// work) and releases the address range; false (kept, reason in last_release_error_) on failure.
+bool CachingAllocator::Impl::release_expandable(StreamPool& pool, Block* b) {
+  Segment& seg = *b->segment;
+  try {
+    if (seg.unmapped_pages != seg.pages.size()) wait_for_stream(pool.stream);
+    for (std::size_t i = 0; i < seg.pages.size(); ++i) {
+      if (seg.pages[i] != Segment::kNoPage) unmap_page(pool, seg, i);
+    }
+  } catch (const DeviceError& e) {
+    last_release_error_ = e.what();
+    return false;
+  }
+  const Status status = device_.release_reservation(reinterpret_cast<void*>(seg.base), seg.size);
+  if (status != Status::ok) {
+    last_release_error_ = fmt::format("{}: {}", to_string(status), device_.last_error());
+    return false;
+  }
+  reserved_va_ -= seg.size;
+  delete pool.remove_whole_segment(b, /*count_as_freed=*/true);
+  return true;
+}
+
+// Releases every handle whose pages are all unmapped; returns how many releases failed.
+std::size_t CachingAllocator::Impl::release_unused_handles() {
+  std::size_t failures = 0;
+  for (const std::uint32_t slot : page_pool_.unused_handles()) {
+    const detail::HandleSlot& h = page_pool_.handle(slot);
+    const std::size_t bytes = h.pages * page_size_;
+    const Status status = device_.release_physical(h.handle);
+    if (status != Status::ok) {
+      last_release_error_ = fmt::format("{}: {}", to_string(status), device_.last_error());
+      ++failures;
+      continue;
+    }
+    page_pool_.forget(slot);
+    reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+    ++num_handles_released_;
+    ++num_device_free_;
+  }
+  return failures;
+}
+
+// No lock held. With a release threshold: when the unused physical memory may exceed it, unmap
+// pages of cached free blocks and return the handles left entirely unused.
+void CachingAllocator::Impl::trim_to_threshold() {
+  std::lock_guard<std::mutex> global(mutex_);
+  std::size_t allocated = 0;
+  for (const auto& pool : pools_.all()) {
+    allocated += static_cast<std::size_t>(pool->allocated_bytes_relaxed());
+  }
+  // Unused memory is at most reserved - allocated: under the threshold, nothing to look at.
+  if (reserved_bytes() <= allocated + config_.release_threshold) return;
+  release_unused_handles();
+  // Exactly: pooled pages, and mapped pages entirely inside cached free blocks.
+  std::size_t unused = page_pool_.size() * page_size_;
+  {
+    AllPoolsLock locks(pools_, nullptr);
+    unused += free_pages(pools_.all(), SIZE_MAX, nullptr, 0, 0).size() * page_size_;
+  }
+  if (unused <= config_.release_threshold) return;
+  const std::size_t excess = unused - config_.release_threshold;
+  reclaim_pages(nullptr, (excess + page_size_ - 1) / page_size_, nullptr, 0, 0);
+  release_unused_handles();
+}
+
+}  // namespace cistern
