@@ -97,7 +97,8 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer(kExitCodesHelp);
   const std::vector<Command> commands = {add_replay_command(app), add_info_command(app),
-                                         add_convert_command(app), add_options_command(app)};
+                                         add_convert_command(app), add_plan_command(app),
+                                         add_options_command(app)};
   wrap_help(app);
   app.description(wrap(app.get_description(), 98));
   try {

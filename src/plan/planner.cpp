@@ -18,6 +18,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
 void check_options(const Options& options) {
   if (!(options.time_limit_s >= 0) || !std::isfinite(options.time_limit_s)) {
     throw InvalidArgument(
@@ -87,18 +91,15 @@ Placement plan(const std::vector<Buffer>& buffers, const Options& options) {
   const bool search = options.time_limit_s > 0 && buffers.size() <= options.search_max_buffers &&
                       best_arena > result.peak_live;
   if (search) {
-    const auto budget = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(options.time_limit_s));
-    const detail::SearchLimits limits{Clock::now() + budget, options.node_limit};
-    const detail::SearchOutcome outcome =
-        detail::search(problem, best_arena, result.peak_live, limits,
-                       [&](const std::vector<std::uint64_t>& offsets, std::uint64_t arena) {
-                         best_arena = arena;
-                         best.offer(offsets, arena);
-                       });
+    const detail::Bisection outcome = detail::bisect(
+        problem, result.peak_live, best_arena, Clock::now() + seconds(options.time_limit_s),
+        options.node_limit, [&](const std::vector<std::uint64_t>& offsets, std::uint64_t arena) {
+          best_arena = std::min(best_arena, arena);
+          best.offer(offsets, arena);
+        });
     result.searched = true;
     result.nodes = outcome.nodes;
-    result.optimal = outcome.exhausted;
+    result.optimal = outcome.proven;
   }
   result.optimal = result.optimal || best_arena == result.peak_live;
   result.offsets = std::move(best.offsets_);

@@ -60,4 +60,19 @@ using OnSolution = std::function<void(const std::vector<std::uint64_t>& offsets,
 SearchOutcome search(const Problem& problem, std::uint64_t best_arena, std::uint64_t lower_bound,
                      const SearchLimits& limits, const OnSolution& on_solution);
 
+/// What the bisection found.
+struct Bisection {
+  bool proven = false;  ///< the best arena reported is optimal
+  std::uint64_t nodes = 0;
+};
+
+/// Searches for the smallest arena between `lower` (no smaller arena exists) and `upper` (an
+/// arena already reached) by asking the search, one target at a time, for a placement within
+/// the target: a found placement lowers `upper`, an exhausted search raises `lower` above the
+/// target, a search out of its share of the budget sends the next target higher. Each target
+/// gets a third of the time and nodes left. Improvements go to `on_solution`.
+Bisection bisect(const Problem& problem, std::uint64_t lower, std::uint64_t upper,
+                 std::chrono::steady_clock::time_point deadline, std::uint64_t node_limit,
+                 const OnSolution& on_solution);
+
 }  // namespace cistern::plan::detail

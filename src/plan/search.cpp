@@ -78,8 +78,8 @@ class Search {
     if (stopped_ || best_ <= lower_bound_) return true;
     ++nodes_;
     if (limits_.node_limit != 0 && nodes_ > limits_.node_limit) stopped_ = true;
-    if ((nodes_ & 1023U) == 0 && std::chrono::steady_clock::now() >= limits_.deadline)
-      stopped_ = true;
+    // A node costs O(n log n), far more than reading the clock.
+    if (std::chrono::steady_clock::now() >= limits_.deadline) stopped_ = true;
     return stopped_;
   }
 
