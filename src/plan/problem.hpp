@@ -44,6 +44,9 @@ std::vector<std::uint64_t> greedy_by_size(const Problem& problem);
 struct SearchLimits {
   std::chrono::steady_clock::time_point deadline;
   std::uint64_t node_limit = 0;  ///< 0: none
+  /// Only the items whose offset would be the lowest of all are tried next (a far narrower tree
+  /// that still holds good placements, but not all: an exhausted search then proves nothing).
+  bool lowest_only = false;
 };
 
 /// What the search did.

@@ -84,18 +84,27 @@ class Search {
   }
 
   /// Every unplaced item that may come next in canonical order after (level, last_rank).
-  void gather(std::vector<Candidate>& out, std::int64_t level, std::int64_t last_rank) {
+  /// Returns false if some unplaced item can no longer fit below the best arena: floors and the
+  /// level only rise, so it never will, and the whole branch is dead.
+  bool gather(std::vector<Candidate>& out, std::int64_t level, std::int64_t last_rank) {
     out.clear();
     for (const std::uint32_t i : unplaced_) {
       const Item& item = items_[i];
       const std::int64_t offset = skyline_.max_floor(item.first, item.last);
+      if (std::max(offset, level) + static_cast<std::int64_t>(item.size) >= best_) return false;
       if (offset < level || (offset == level && rank_[i] < last_rank)) continue;
-      if (offset + static_cast<std::int64_t>(item.size) >= best_) continue;
       out.push_back(Candidate{offset, i});
     }
     std::sort(out.begin(), out.end(), [&](const Candidate& a, const Candidate& b) {
       return a.offset != b.offset ? a.offset < b.offset : rank_[a.item] < rank_[b.item];
     });
+    if (limits_.lowest_only && !out.empty()) {
+      const std::int64_t lowest = out.front().offset;
+      out.erase(std::find_if(out.begin(), out.end(),
+                             [&](const Candidate& c) { return c.offset != lowest; }),
+                out.end());
+    }
+    return true;
   }
 
   void descend(std::size_t depth, std::int64_t level, std::int64_t last_rank) {
@@ -106,7 +115,7 @@ class Search {
     }
     if (skyline_.bound(level) >= best_) return;
     std::vector<Candidate>& candidates = candidates_[depth];
-    gather(candidates, level, last_rank);
+    if (!gather(candidates, level, last_rank)) return;
     for (std::size_t c = 0; c < candidates.size(); ++c) {
       const Candidate candidate = candidates[c];  // copied: deeper levels reuse other vectors
       const Item& item = items_[candidate.item];
