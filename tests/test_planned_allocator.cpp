@@ -8,11 +8,15 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "cistern/errors.hpp"
 #include "cistern/sim_device.hpp"
 #include "plan/planned_allocator.hpp"
+#include "replay/engine.hpp"
+#include "trace/readers.hpp"
 
 namespace {
 
@@ -220,6 +224,51 @@ TEST(PlannedAllocator, ForeignPointersAreRefused) {
   alloc.deallocate(p, Stream{});
   EXPECT_THROW(alloc.deallocate(p, Stream{}), cistern::InvalidPointer);
   alloc.check();
+}
+
+}  // namespace
+
+// ---- the replay's planned policy ----------------------------------------------------------------
+
+namespace {
+
+TEST(PlannedPolicy, PlansALifetimeListAheadAndServesItFromTheArena) {
+  // 3 MiB buffers, at most three live together: the arena is 9 MiB, mapped as 10 MiB of pages.
+  const std::string csv =
+      "id,lower,upper,size\n"
+      "a,0,4,3145728\n"
+      "b,1,3,3145728\n"
+      "c,2,6,3145728\n"
+      "d,3,5,3145728\n"
+      "e,5,7,3145728\n";
+  const cistern::trace::Trace trace = cistern::trace::read_trace_bytes(csv, "list.csv");
+  const cistern::replay::Policy planned = cistern::replay::Policy::parse("planned");
+  const cistern::replay::Result r = cistern::replay::run(trace, planned, {});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.peak_live, 9u * MiB);
+  EXPECT_EQ(r.peak_reserved, std::optional<std::uint64_t>(10 * MiB));
+  EXPECT_EQ(r.device_allocs, 0u) << "no segment: the arena is mapped once";
+  EXPECT_EQ(r.device_maps, 1u);
+  EXPECT_EQ(r.ooms, 0u);
+}
+
+TEST(PlannedPolicy, PlanAheadServesEveryAllocationOfTheListFromThePlan) {
+  const std::string csv = "id,lower,upper,size\nb1,0,3,4096\nb2,3,9,4096\nb3,0,9,4096\n";
+  const cistern::trace::Trace trace = cistern::trace::read_trace_bytes(csv, "list.csv");
+  SimDevice device;
+  PlannedAllocator alloc(device, quick());
+  alloc.plan_ahead(trace);
+  EXPECT_EQ(alloc.arena_bytes(), 2 * 4096u);
+  void* b1 = alloc.allocate(4096, Stream{});
+  void* b3 = alloc.allocate(4096, Stream{});
+  alloc.deallocate(b1, Stream{});
+  void* b2 = alloc.allocate(4096, Stream{});
+  EXPECT_EQ(b1, b2);
+  alloc.deallocate(b2, Stream{});
+  alloc.deallocate(b3, Stream{});
+  EXPECT_EQ(alloc.counters().hits, 3u);
+  alloc.check();
+  EXPECT_THROW(alloc.plan_ahead(trace), cistern::InvalidArgument);
 }
 
 }  // namespace

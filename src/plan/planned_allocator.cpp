@@ -36,6 +36,7 @@ struct PlannedAllocator::Request {
   std::size_t upper = kNever;  ///< of its free (kNever: not freed within the step)
   std::uint64_t offset = 0;    ///< planned offset (valid when `planned`)
   bool planned = false;
+  bool any_stream = false;  ///< planned ahead from a trace: matched by index and size only
 };
 
 /// The arena: one segment, or a reservation backed by one physical handle.
@@ -111,7 +112,7 @@ void* PlannedAllocator::allocate_planned(std::size_t bytes, Stream stream) {
   const std::uint64_t size = aligned(bytes, kAlignment);
   if (index < plan_.size() && arena_) {
     const Request& r = plan_[index];
-    if (r.planned && r.size == bytes && r.stream == stream &&
+    if (r.planned && r.size == bytes && (r.any_stream || r.stream == stream) &&
         range_free(r.offset, r.offset + size)) {
       ++counters_.hits;
       ++position_;
@@ -282,6 +283,33 @@ void PlannedAllocator::finish_recording() {
   ++counters_.plans;
   recording_step_ = false;
   mismatched_steps_ = 0;
+}
+
+void PlannedAllocator::plan_ahead(const trace::Trace& trace) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (position_ != 0 || counters_.steps != 0) {
+    throw InvalidArgument("plan mode: plan_ahead must come before the first allocation");
+  }
+  recording_.clear();
+  std::unordered_map<std::uint64_t, std::size_t> by_id;
+  std::size_t position = 0;
+  const auto add = [&](std::uint64_t id, std::uint64_t size) {
+    by_id[id] = recording_.size();
+    Request r{size, Stream{}, position++};
+    r.any_stream = true;
+    recording_.push_back(r);
+  };
+  for (const trace::LiveBlock& b : trace.live_before) add(b.id, b.size);
+  for (const trace::Event& e : trace.events) {
+    if (e.op == trace::Op::alloc) {
+      add(e.id, e.size);
+    } else if (e.op == trace::Op::free) {
+      const auto it = by_id.find(e.id);
+      if (it != by_id.end()) recording_[it->second].upper = position;
+      ++position;
+    }
+  }
+  finish_recording();
 }
 
 void PlannedAllocator::empty_cache() { fallback_.empty_cache(); }

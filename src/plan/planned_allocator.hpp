@@ -36,6 +36,7 @@
 #include "cistern/allocator.hpp"
 #include "cistern/caching_allocator.hpp"
 #include "cistern/device.hpp"
+#include "trace/trace.hpp"
 
 namespace cistern::plan {
 
@@ -82,6 +83,13 @@ class PlannedAllocator final : public Allocator {
   /// Ends a step: a recording step is planned; a planned step counts toward replanning if it
   /// had mismatches.
   void end_step();
+  /// Plans the whole of `trace` ahead of time, as one step, instead of recording it: its
+  /// allocations (the blocks live before the window first, in address order, then the events)
+  /// are matched by index and size, on whatever streams the caller maps the trace's to (arena
+  /// reuse across streams is still ordered by events). Allocations never freed are left to the
+  /// fallback. Call before the first allocation. This is how the replay's `planned` policy
+  /// serves lifetime lists, whose future is known.
+  void plan_ahead(const trace::Trace& trace);
   /// Whether later requests are served from a plan.
   bool planned() const;
   /// Bytes of the arena (0 before the first plan).
