@@ -116,8 +116,8 @@ class Search {
     if (skyline_.bound(level) >= best_) return;
     std::vector<Candidate>& candidates = candidates_[depth];
     if (!gather(candidates, level, last_rank)) return;
-    for (std::size_t c = 0; c < candidates.size(); ++c) {
-      const Candidate candidate = candidates[c];  // copied: deeper levels reuse other vectors
+    // Deeper levels use their own lists (candidates_[depth + 1], ...): this one stays intact.
+    for (const Candidate candidate : candidates) {
       const Item& item = items_[candidate.item];
       if (candidate.offset + static_cast<std::int64_t>(item.size) >= best_) continue;
       const std::size_t mark = skyline_.mark();
