@@ -196,6 +196,30 @@ TEST(PlannedAllocator, ASecondStreamIsServedAndOrderedByEvents) {
   two.check();
 }
 
+TEST(PlannedAllocator, RecordStreamMakesTheNextUserWaitForTheExtraStream) {
+  SimDevice device;
+  const Stream s1 = device.create_stream();
+  const Stream s2 = device.create_stream();
+  PlannedAllocator alloc(device, quick());
+  Runner runner(alloc);
+  const std::vector<Op> step = {
+      {true, 0, 4 * MiB, s1}, {false, 0}, {true, 1, 4 * MiB, s1}, {false, 1}};
+  runner.run(step);
+  void* a = alloc.allocate(4 * MiB, s1);
+  alloc.record_stream(a, s2);
+  device.launch(s2, 5'000'000);  // s2 still reads `a`
+  alloc.deallocate(a, s1);
+  EXPECT_EQ(alloc.counters().cross_stream_waits, 0u);
+  void* b = alloc.allocate(4 * MiB, s1);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(alloc.counters().cross_stream_waits, 1u) << "s1 must wait for s2's use of the range";
+  device.launch(s1, 0);
+  EXPECT_GE(device.stream_done_at(s1), device.stream_done_at(s2));
+  alloc.deallocate(b, s1);
+  alloc.end_step();
+  alloc.check();
+}
+
 TEST(PlannedAllocator, RepeatedMismatchesLeadToANewPlan) {
   SimDevice device;
   PlannedAllocator alloc(device, quick());

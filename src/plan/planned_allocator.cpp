@@ -165,21 +165,33 @@ bool PlannedAllocator::idle_fit(std::uint64_t size, std::uint64_t* offset) const
   return true;
 }
 
+void PlannedAllocator::wait_for(Stream user, Stream stream) {
+  // The work `user` submitted so far (which includes everything before its frees) precedes the
+  // work `stream` submits from now on.
+  if (!have_event_) {
+    expect_ok(device_, device_.create_event(&event_), "create_event");
+    have_event_ = true;
+  }
+  expect_ok(device_, device_.record_event(event_, user), "record_event");
+  expect_ok(device_, device_.stream_wait_event(stream, event_), "stream_wait_event");
+  ++counters_.cross_stream_waits;
+}
+
 void PlannedAllocator::order_after_previous_users(std::uint64_t offset, std::uint64_t end,
                                                   Stream stream) {
+  // A stream new to the arena waits once for every stream that used it before: that orders it
+  // after all their frees so far, so frees need no records while one stream has the arena.
+  if (std::find(arena_streams_.begin(), arena_streams_.end(), stream) == arena_streams_.end()) {
+    for (const Stream user : arena_streams_) wait_for(user, stream);
+    arena_streams_.push_back(stream);
+  }
+  if (arena_streams_.size() == 1) return;
   std::vector<Stream> waited;
   for (const auto& [range, user] : last_users_) {
     if (range.second <= offset || end <= range.first || user == stream) continue;
     if (std::find(waited.begin(), waited.end(), user) != waited.end()) continue;
-    // The work `user` submitted before the free (and possibly a little after) precedes `stream`'s.
-    if (!have_event_) {
-      expect_ok(device_, device_.create_event(&event_), "create_event");
-      have_event_ = true;
-    }
-    expect_ok(device_, device_.record_event(event_, user), "record_event");
-    expect_ok(device_, device_.stream_wait_event(stream, event_), "stream_wait_event");
+    wait_for(user, stream);
     waited.push_back(user);
-    ++counters_.cross_stream_waits;
   }
   // Records inside the new range are superseded: later users will be ordered after this one.
   last_users_.erase(std::remove_if(last_users_.begin(), last_users_.end(),
@@ -202,7 +214,14 @@ void PlannedAllocator::deallocate(void* ptr, Stream stream) {
     }
     std::vector<Stream> users = it->second.users;
     users[0] = stream;  // reusable by the freeing stream at once, by others after its work
-    for (const Stream user : users) last_users_.push_back({{offset, it->second.end}, user});
+    for (const Stream user : users) {
+      if (std::find(arena_streams_.begin(), arena_streams_.end(), user) == arena_streams_.end()) {
+        arena_streams_.push_back(user);  // a record_stream user: later streams wait for it too
+      }
+    }
+    if (arena_streams_.size() > 1) {
+      for (const Stream user : users) last_users_.push_back({{offset, it->second.end}, user});
+    }
     live_.erase(it);
     ++position_;
     return;
@@ -270,6 +289,7 @@ void PlannedAllocator::finish_recording() {
   recording_.clear();
   recording_live_.clear();
   last_users_.clear();
+  arena_streams_.clear();
   arena_.reset();
   if (placement.arena > 0) {
     try {

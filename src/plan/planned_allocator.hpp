@@ -115,6 +115,7 @@ class PlannedAllocator final : public Allocator {
   void* occupy(std::uint64_t offset, std::uint64_t end, Stream stream);
   bool idle_fit(std::uint64_t size, std::uint64_t* offset) const;
   void order_after_previous_users(std::uint64_t offset, std::uint64_t end, Stream stream);
+  void wait_for(Stream user, Stream stream);
   void finish_recording();
   void release_arena();
 
@@ -128,7 +129,9 @@ class PlannedAllocator final : public Allocator {
   std::vector<Request> plan_;
   std::map<std::uint64_t, Live> live_;  ///< occupied arena ranges by offset
   /// Freed arena ranges and the stream whose work last used them: (offset, end, stream).
+  /// Kept only once several streams use the arena (see order_after_previous_users).
   std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, Stream>> last_users_;
+  std::vector<Stream> arena_streams_;  ///< every stream that has used the arena since it was mapped
   Event event_{};
   bool have_event_ = false;
   bool recording_step_ = true;
