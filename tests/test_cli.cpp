@@ -128,7 +128,7 @@ TEST_F(Cli, HelpOnEverySubcommandExitsZeroAndListsExitCodes) {
   EXPECT_EQ(top.code, 0) << top.err;
   for (const char* word : {"replay", "info", "convert", "options", "Exit status", "4"})
     EXPECT_NE(top.out.find(word), std::string::npos) << word << "\n" << top.out;
-  for (const std::string sub : {"replay", "info", "convert", "options"}) {
+  for (const std::string sub : {"replay", "info", "convert", "plan", "options"}) {
     const Outcome o = run(sub + " --help");
     EXPECT_EQ(o.code, 0) << sub << ": " << o.err;
     EXPECT_NE(o.out.find("Exit status"), std::string::npos) << sub;
@@ -572,6 +572,54 @@ TEST_F(Cli, AdviseFindsTheBestConfigurationAndWritesJsonAndHtml) {
   const std::string page = slurp(html);
   EXPECT_NE(page.find("PYTORCH_CUDA_ALLOC_CONF"), std::string::npos);
   EXPECT_NE(page.find("max_split_size_mb:95"), std::string::npos);
+}
+
+}  // namespace
+
+// --- cistern plan -----------------------------------------------------------------------------
+
+namespace {
+
+TEST_F(Cli, PlanWritesJsonRowsWithTheCapacityOfAMinimallocName) {
+  const fs::path named = temp("example.input.12.csv");
+  write(named, "id,lower,upper,size\nb1,0,3,4\nb2,3,9,4\nb3,0,9,4\nb4,9,21,4\nb5,0,21,4\n");
+  const fs::path plain = lifetimes("plain.csv", {1000, 3000, 5000});
+  const Outcome o =
+      run("plan --time-limit 1 --json - " + quote(named.string()) + " " + quote(plain.string()));
+  ASSERT_EQ(o.code, 0) << o.err;
+  const json doc = json::parse(o.out);
+  ASSERT_EQ(doc.at("results").size(), 2u);
+  const json& first = doc.at("results")[0];
+  for (const char* key : {"trace", "arena", "peak_live", "capacity", "seconds"})
+    EXPECT_TRUE(first.contains(key)) << key;
+  EXPECT_EQ(first.at("arena"), 12);
+  EXPECT_EQ(first.at("peak_live"), 12);
+  EXPECT_EQ(first.at("capacity"), 12);
+  EXPECT_EQ(first.at("optimal"), true);
+  const json& second = doc.at("results")[1];
+  EXPECT_TRUE(second.at("capacity").is_null());
+  EXPECT_EQ(second.at("peak_live"), 8000);  // buffers 1 and 2 live together
+  EXPECT_EQ(second.at("arena"), 8000);
+}
+
+TEST_F(Cli, PlanOutWritesTheDocumentedFormat) {
+  const fs::path csv = lifetimes("l.csv", {1000, 3000});
+  const fs::path out = temp("l.plan");
+  const Outcome o = run("plan --out " + quote(out.string()) + " " + quote(csv.string()));
+  ASSERT_EQ(o.code, 0) << o.err;
+  const std::string text = slurp(out);
+  EXPECT_EQ(text, "# cistern-plan 1\n# trace " + csv.string() +
+                      "\n# buffers 2 arena 4000 peak_live 4000 alignment 1 optimal\n"
+                      "id,lower,upper,size,offset\n0,0,2,1000,3000\n1,1,3,3000,0\n");
+  EXPECT_NE(o.out.find("l.csv"), std::string::npos) << o.out;
+}
+
+TEST_F(Cli, PlanRefusesBadFlags) {
+  const fs::path csv = lifetimes("l.csv", {1000, 3000});
+  EXPECT_EQ(run("plan --out x.plan " + quote(csv.string()) + " " + quote(csv.string())).code, 2);
+  EXPECT_EQ(run("plan --alignment 3 " + quote(csv.string())).code, 3);
+  EXPECT_EQ(run("plan --capacity lots " + quote(csv.string())).code, 2);
+  EXPECT_EQ(run("plan " + quote(temp("missing.csv").string())).code, 3);
 }
 
 }  // namespace

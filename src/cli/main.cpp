@@ -98,7 +98,7 @@ int run(int argc, char** argv) {
   app.footer(kExitCodesHelp);
   const std::vector<Command> commands = {add_replay_command(app), add_info_command(app),
                                          add_convert_command(app), add_options_command(app),
-                                         add_advise_command(app)};
+                                         add_advise_command(app), add_plan_command(app)};
   wrap_help(app);
   app.description(wrap(app.get_description(), 98));
   try {

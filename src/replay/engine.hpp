@@ -34,10 +34,10 @@ namespace cistern::replay {
 enum class Start { cold, warm };
 const char* to_string(Start start) noexcept;
 
-/// An allocator policy by name: "cistern", "torch", "nocache", optionally with options written
-/// after a colon as `name:key=value,key=value` (keys and values as in CISTERN_ALLOC_CONF).
+/// An allocator policy by name: "cistern", "torch", "nocache", "planned", optionally with options
+/// written after a colon as `name:key=value,key=value` (keys and values as in CISTERN_ALLOC_CONF).
 struct Policy {
-  std::string name;   ///< "cistern", "torch" or "nocache"
+  std::string name;   ///< "cistern", "torch", "nocache" or "planned"
   Config config;      ///< options applied on top of the policy's defaults
   std::string label;  ///< as written, e.g. "cistern:max_split_size_mb=256"
 

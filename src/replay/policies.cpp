@@ -8,6 +8,7 @@
 
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
+#include "plan/planned_allocator.hpp"
 #include "replay/engine.hpp"
 #include "replay/torch_allocator.hpp"
 
@@ -35,12 +36,24 @@ std::unique_ptr<Allocator> make_torch(Device& device, const Config& config) {
   return std::make_unique<TorchAllocator>(device, config);
 }
 
+/// Plan mode over cistern's online allocator with the policy's options. Replays plan with a
+/// node limit, so that every run of a trace (the probes of a capacity search among them) gets
+/// the same plan on every machine.
+std::unique_ptr<Allocator> make_planned(Device& device, const Config& config) {
+  plan::PlannedOptions options;
+  options.fallback = config;
+  options.time_limit_s = 10;
+  options.node_limit = 2000;
+  return std::make_unique<plan::PlannedAllocator>(device, options);
+}
+
 /// The policies, in the order help texts list them. "nocache" is cistern in pass-through mode:
 /// one device allocation per request, returned on free.
 constexpr PolicyKind kPolicies[] = {
     {"cistern", false, defaults, make_cistern},
     {"torch", true, defaults, make_torch},
     {"nocache", false, pass_through, make_cistern},
+    {"planned", false, defaults, make_planned},
 };
 
 const PolicyKind* find_kind(const std::string& name) {

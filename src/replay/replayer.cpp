@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "cistern/errors.hpp"
+#include "plan/planned_allocator.hpp"
 #include "replay/torch_allocator.hpp"
 #include "replay/warm_start.hpp"
 
@@ -47,6 +48,9 @@ Replayer::Replayer(const trace::Trace& trace, const Plan& plan, const Policy& po
       streams_(map_streams(trace, device_)),
       pointers_(plan.slots, nullptr),
       warm_(options.start == Start::warm) {
+  // The planned policy knows a lifetime list's future: it plans the whole list before the start.
+  auto* planned = dynamic_cast<plan::PlannedAllocator*>(allocator_.get());
+  if (planned != nullptr && trace.format == "lifetimes") planned->plan_ahead(trace);
   if (options.check_invariants) {
     checked_ = dynamic_cast<const CachingAllocator*>(allocator_.get());
     checked_torch_ = dynamic_cast<const TorchAllocator*>(allocator_.get());
