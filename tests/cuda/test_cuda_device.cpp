@@ -38,6 +38,34 @@ struct FakeFactoryOf {
     return Stream(next += 0x10);
   }
   static void destroy_stream(Device&, Stream) {}
+  /// The CUDA call behind each operation fails once, with the error the driver or runtime would
+  /// give for it.
+  static bool fail_next(Device&, DeviceOp op) {
+    switch (op) {
+      case DeviceOp::reserve:
+        fake().fail_next("cuMemAddressReserve", CUDA_ERROR_OUT_OF_MEMORY);
+        break;
+      case DeviceOp::create_physical:
+        fake().fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY);
+        break;
+      case DeviceOp::map: fake().fail_next("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY); break;
+      case DeviceOp::unmap: fake().fail_next("cuMemUnmap", CUDA_ERROR_UNKNOWN); break;
+      case DeviceOp::release_physical: fake().fail_next("cuMemRelease", CUDA_ERROR_UNKNOWN); break;
+      case DeviceOp::release_reservation:
+        fake().fail_next("cuMemAddressFree", CUDA_ERROR_UNKNOWN);
+        break;
+      case DeviceOp::record_event: fake().fail_next("cudaEventRecord", cudaErrorUnknown); break;
+      case DeviceOp::query_event: fake().fail_next("cudaEventQuery", cudaErrorUnknown); break;
+      case DeviceOp::synchronize_event:
+        fake().fail_next("cudaEventSynchronize", cudaErrorUnknown);
+        break;
+      case DeviceOp::synchronize_stream:
+        fake().fail_next("cudaStreamSynchronize", cudaErrorUnknown);
+        break;
+      default: return false;
+    }
+    return true;
+  }
 };
 
 struct FakeCudaFactory : FakeFactoryOf<CudaDevice> {};
@@ -541,6 +569,45 @@ TEST_F(FakeCudaTest, VmmUnmapTakesSeveralMappingsOneByOne) {
   EXPECT_EQ(device->release_physical(a), Status::ok);
   EXPECT_EQ(device->release_physical(b), Status::ok);
   EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
+}
+
+TEST_F(FakeCudaTest, VmmAnUnmapThatFailsPartWayLeavesTheRangeMappedForARetry) {
+  const auto device = open_vmm();
+  void* va = nullptr;
+  PhysicalHandle a;
+  PhysicalHandle b;
+  ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
+  ASSERT_EQ(device->create_physical(4 * MiB, &a), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &b), Status::ok);
+  char* base = static_cast<char*>(va);
+  ASSERT_EQ(device->map(base, 2 * MiB, a, 2 * MiB), Status::ok);
+  ASSERT_EQ(device->map(base + 2 * MiB, 2 * MiB, a, 0), Status::ok);
+  ASSERT_EQ(device->map(base + 4 * MiB, 2 * MiB, b, 0), Status::ok);
+  // The first cuMemUnmap succeeds, the second fails.
+  fake().fail_next("cuMemUnmap", CUDA_SUCCESS);
+  fake().fail_next("cuMemUnmap", CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(device->unmap(base, 6 * MiB), Status::device_error);
+  EXPECT_NE(
+      device->last_error().find(fmt::format("at the mapping [{:#x}, {:#x}): cuMemUnmap "
+                                            "failed: CUDA_ERROR_UNKNOWN",
+                                            reinterpret_cast<std::uintptr_t>(base + 2 * MiB),
+                                            reinterpret_cast<std::uintptr_t>(base + 4 * MiB))),
+      std::string::npos)
+      << device->last_error();
+  EXPECT_EQ(fake().mappings.size(), 2u) << "the driver unmapped the first mapping";
+  // To the caller nothing changed: the range is still mapped, and the same call is retried.
+  EXPECT_EQ(device->live_mappings(), 3u);
+  EXPECT_EQ(device->map(base, 2 * MiB, b, 0), Status::invalid_argument);
+  EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::invalid_argument);
+  fake().calls.clear();
+  EXPECT_EQ(device->unmap(base, 6 * MiB), Status::ok) << device->last_error();
+  EXPECT_EQ(fake().count("cuMemUnmap"), 2u) << "the first mapping is not unmapped twice";
+  EXPECT_TRUE(fake().mappings.empty());
+  EXPECT_EQ(device->live_mappings(), 0u);
+  EXPECT_EQ(device->release_physical(a), Status::ok);
+  EXPECT_EQ(device->release_physical(b), Status::ok);
+  EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
+  EXPECT_EQ(fake().used, 0u);
 }
 
 TEST_F(FakeCudaTest, VmmRefusesBadRangesBeforeTheDriverSeesThem) {
