@@ -707,6 +707,55 @@ TEST_F(FakeCudaTest, VmmUnmapWhenTheRuntimeShutDownForgetsTheMappings) {
   EXPECT_EQ(device->release_physical(handle), Status::ok);
 }
 
+// --- open_cuda_device: the backend the plug-in and --backend cuda choose ---------------------------
+
+TEST_F(FakeCudaTest, OpenCudaDeviceTakesVirtualMemoryWhereTheDriverHasIt) {
+  const CudaDeviceChoice choice = open_cuda_device(fake_cuda::fake_runtime_api(), on(1));
+  ASSERT_NE(choice.device, nullptr);
+  EXPECT_TRUE(choice.virtual_memory);
+  EXPECT_EQ(choice.without_virtual_memory, "");
+  EXPECT_NE(dynamic_cast<CudaVmmDevice*>(choice.device.get()), nullptr);
+  EXPECT_TRUE(choice.device->supports_virtual_memory());
+  EXPECT_EQ(choice.device->name(), "cuda:1 Fake GPU 1 (vmm)");
+}
+
+TEST_F(FakeCudaTest, OpenCudaDeviceFallsBackToCudaMallocAndSaysWhy) {
+  fake().vmm_supported = 0;
+  CudaDeviceChoice choice = open_cuda_device(fake_cuda::fake_runtime_api(), on(1));
+  ASSERT_NE(choice.device, nullptr);
+  EXPECT_FALSE(choice.virtual_memory);
+  EXPECT_EQ(dynamic_cast<CudaVmmDevice*>(choice.device.get()), nullptr);
+  EXPECT_FALSE(choice.device->supports_virtual_memory());
+  EXPECT_EQ(choice.device->name(), "cuda:1 Fake GPU 1");
+  EXPECT_NE(choice.without_virtual_memory.find("does not support virtual memory management"),
+            std::string::npos)
+      << choice.without_virtual_memory;
+  void* ptr = nullptr;
+  EXPECT_EQ(choice.device->allocate(MiB, &ptr), Status::ok) << "the fallback is usable";
+  EXPECT_EQ(choice.device->deallocate(ptr), Status::ok);
+
+  fake_cuda::reset();
+  fake().missing_symbols.insert("cuMemCreate");
+  choice = open_cuda_device(fake_cuda::fake_runtime_api(), on(0));
+  EXPECT_FALSE(choice.virtual_memory);
+  EXPECT_NE(choice.without_virtual_memory.find("cuMemCreate"), std::string::npos)
+      << choice.without_virtual_memory;
+  EXPECT_EQ(fake().last_error, cudaSuccess) << "the failed attempt must not linger";
+}
+
+TEST_F(FakeCudaTest, OpenCudaDeviceWithoutAGpuThrowsCudaDevicesError) {
+  fake().device_count_error = cudaErrorNoDevice;
+  try {
+    (void)open_cuda_device(fake_cuda::fake_runtime_api(), on(0));
+    FAIL() << "opened a device without a GPU";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("cistern: no CUDA device can be used"), std::string::npos)
+        << e.what();
+  }
+  fake_cuda::reset();
+  EXPECT_THROW((void)open_cuda_device(fake_cuda::fake_runtime_api(), on(5)), InvalidArgument);
+}
+
 // --- the real runtime on this machine ---------------------------------------------------------------
 
 TEST(CudaRuntime, WithoutAGpuOpeningIsAClearDeviceError) {
