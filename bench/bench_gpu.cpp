@@ -1,7 +1,8 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
 // bench_gpu: cistern against the allocators CUDA programs otherwise use, on a real GPU, in one
-// process and one run (gpu_allocators.hpp): cistern, cudaMalloc, cudaMallocAsync (pool, release
+// process and one run (gpu_allocators.hpp): cistern with its page engine (`vmm:true`, on a
+// CudaVmmDevice) and without it (`vmm:false`), cudaMalloc, cudaMallocAsync (pool, release
 // threshold unlimited), CUB's CachingDeviceAllocator and PyTorch's caching allocator.
 //
 //   bench_gpu --out DIR [--trace FILE]... [--torch-shim LIB] [--device N] [--smoke]
@@ -316,7 +317,8 @@ std::vector<Maker> allocator_makers(const Args& args) {
   }
   const int d = args.device;
   std::vector<Maker> makers = {
-      {"cistern", [d] { return make_cistern_allocator(d); }},
+      {"cistern vmm:true", [d] { return make_cistern_allocator(d, true); }},
+      {"cistern vmm:false", [d] { return make_cistern_allocator(d, false); }},
       {"cudaMalloc", [] { return make_cuda_malloc_allocator(); }},
       {"cudaMallocAsync", [d] { return make_cuda_malloc_async_allocator(d); }},
       {"cub", [d] { return make_cub_allocator(d); }},

@@ -10,8 +10,10 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cistern/caching_allocator.hpp"
+#include "cistern/config.hpp"
 #include "cistern/cuda_device.hpp"
 #include "cistern/errors.hpp"
 
@@ -26,10 +28,16 @@ void check_cuda(cudaError_t error, const char* call) {
 
 namespace {
 
+/// cistern's allocator on the device the plug-in would open (open_cuda_device), with the page
+/// engine on (`vmm:true`, which needs a CudaVmmDevice) or off (`vmm:false`: cudaMalloc segments).
 class CisternAllocator final : public GpuAllocator {
  public:
-  explicit CisternAllocator(int device) : device_(options_for(device)), allocator_(device_) {}
-  std::string name() const override { return "cistern"; }
+  CisternAllocator(int device, bool vmm)
+      : name_(vmm ? "cistern vmm:true" : "cistern vmm:false"),
+        config_(Config::parse(vmm ? "vmm:true" : "vmm:false")),
+        device_(open_device(device, vmm)),
+        allocator_(*device_, config_) {}
+  std::string name() const override { return name_; }
   void* allocate(std::size_t bytes, cudaStream_t stream) override {
     try {
       void* ptr = allocator_.allocate(bytes, stream);
@@ -47,12 +55,19 @@ class CisternAllocator final : public GpuAllocator {
   void reset_peak() override { peak_ = allocator_.reserved_bytes(); }
 
  private:
-  static CudaDeviceOptions options_for(int device) {
+  static std::unique_ptr<CudaDevice> open_device(int device, bool vmm) {
     CudaDeviceOptions options;
     options.device = device;
-    return options;
+    CudaDeviceChoice choice = open_cuda_device(options);
+    if (vmm && !choice.virtual_memory) {
+      throw std::runtime_error("the page engine needs virtual memory: " +
+                               choice.without_virtual_memory);
+    }
+    return std::move(choice.device);
   }
-  CudaDevice device_;
+  std::string name_;
+  Config config_;
+  std::unique_ptr<CudaDevice> device_;
   CachingAllocator allocator_;
   std::uint64_t peak_ = 0;
 };
@@ -170,8 +185,8 @@ class TorchAllocator final : public GpuAllocator {
 
 }  // namespace
 
-std::unique_ptr<GpuAllocator> make_cistern_allocator(int device) {
-  return std::make_unique<CisternAllocator>(device);
+std::unique_ptr<GpuAllocator> make_cistern_allocator(int device, bool vmm) {
+  return std::make_unique<CisternAllocator>(device, vmm);
 }
 std::unique_ptr<GpuAllocator> make_cuda_malloc_allocator() {
   return std::make_unique<CudaMallocAllocator>();

@@ -1,10 +1,11 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
 // The allocators bench_gpu compares on a real GPU, behind one small interface: cistern's
-// CachingAllocator over CudaDevice, raw cudaMalloc/cudaFree, cudaMallocAsync from a pool that
-// keeps everything (release threshold unlimited), CUB's CachingDeviceAllocator (CCCL, default
-// bins), and PyTorch's CUDA caching allocator through a small shim library loaded at run time
-// (bench/torch_shim), so that bench_gpu never links libtorch.
+// CachingAllocator with its page engine (on a CudaVmmDevice) and without it, raw
+// cudaMalloc/cudaFree, cudaMallocAsync from a pool that keeps everything (release threshold
+// unlimited), CUB's CachingDeviceAllocator (CCCL, default bins), and PyTorch's CUDA caching
+// allocator through a small shim library loaded at run time (bench/torch_shim), so that
+// bench_gpu never links libtorch.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -41,7 +42,10 @@ class GpuAllocator {
 /// Throws std::runtime_error naming the call when `error` is not cudaSuccess.
 void check_cuda(cudaError_t error, const char* call);
 
-std::unique_ptr<GpuAllocator> make_cistern_allocator(int device);
+/// cistern with the page engine on (`vmm:true`, on a CudaVmmDevice) or off (`vmm:false`). Throws
+/// std::runtime_error when the device has no virtual memory and `vmm` is asked for, ConfigError
+/// when this cistern has no `vmm` option.
+std::unique_ptr<GpuAllocator> make_cistern_allocator(int device, bool vmm);
 std::unique_ptr<GpuAllocator> make_cuda_malloc_allocator();
 std::unique_ptr<GpuAllocator> make_cuda_malloc_async_allocator(int device);
 std::unique_ptr<GpuAllocator> make_cub_allocator(int device);

@@ -5,25 +5,36 @@
 #   scripts/gpu-check.sh [OUT]            (default OUT: results/gpu under the repository)
 #
 #  1. builds cistern with the CUDA backends (Release, in $CISTERN_BUILD_DIR, default build-gpu);
-#  2. ctest -L gpu: the device conformance suite on CudaDevice and CudaVmmDevice, the GPU tests,
-#     the bench smoke run (one at a time: the tests compare free memory);
-#  3. examples/two_streams (DeviceBuffers on two streams with kernels);
-#  4. replays the shared traces on the GPU under cistern and the PyTorch emulation
-#     (`cistern replay --backend cuda --touch`: every allocation is written), and the same on
-#     the simulated device, for the real device-call times beside the simulated ones;
-#  5. bench_gpu: cache-hit allocate/free latency and replayed real traces through cistern,
-#     cudaMalloc, cudaMallocAsync (pool, release threshold unlimited), CUB's
-#     CachingDeviceAllocator and PyTorch's allocator (through bench/torch_shim, built against the
-#     installed PyTorch), in one process;
-#  6. scripts/gpu-plugins.sh when it exists (the framework plug-ins).
-# Writes OUT/summary.md (the markdown summary), OUT/*.json (results), OUT/gpu-check.log (all
-# output) and OUT/ctest-gpu.xml (JUnit). Traces come from $CISTERN_SHARED_DIR/traces (default
-# ../shared/traces next to the repository).
+#  2. ctest -L gpu: the device conformance suite on CudaDevice and CudaVmmDevice, the GPU tests
+#     (the allocator with its page engine on CudaVmmDevice included), the benchmarks' smoke runs
+#     (one at a time: the tests compare free memory);
+#  3. bench_vmm: the time of every virtual-memory call on this GPU (cuMemAddressReserve,
+#     cuMemCreate at 2 and 20 MiB, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, event
+#     query / stream sync, cudaMalloc), median and p99, and the cost model's figures from them;
+#  4. examples/two_streams (DeviceBuffers on two streams with kernels);
+#  5. replays the shared traces on the GPU (`cistern replay --backend cuda --touch`: every
+#     allocation is written) under cistern with its page engine (the device is a CudaVmmDevice
+#     where the driver supports it), cistern without it (`cistern:vmm=false`, where this build
+#     has the policy) and the PyTorch emulation; the same on the simulated device, for the real
+#     device-call times beside the simulated ones;
+#  6. bench_gpu: cache-hit allocate/free latency and replayed real traces through cistern with
+#     the page engine and without it, cudaMalloc, cudaMallocAsync (pool, release threshold
+#     unlimited), CUB's CachingDeviceAllocator and PyTorch's allocator (through bench/torch_shim,
+#     built against the installed PyTorch), in one process;
+#  7. scripts/gpu-plugins.sh when it exists (the framework plug-ins).
+# Writes OUT/summary.md (the markdown summary), OUT/*.json (results), OUT/*.md (tables),
+# OUT/gpu-check.log (all output) and OUT/ctest-gpu.xml (JUnit). Traces come from
+# $CISTERN_SHARED_DIR/traces (default ../shared/traces next to the repository).
 #
 # Where something is missing - no GPU, no CUDA toolkit, no PyTorch, no traces - the parts that
 # need it are skipped with a message saying so, and the script still exits 0. Exit status: 0 if
 # nothing that ran failed, 1 otherwise. It never installs anything and needs no network.
-# Budget: about 6 minutes on a 16-core machine with an H200, the build included.
+#
+# Budget: at most $CISTERN_GPU_BUDGET_S seconds (default 540, so that a 15-minute GPU lease
+# leaves room for the machine's start and one rerun of a part): every step's timeout is cut to
+# what is left, and a step that would start with less than 30 s left is skipped and says so.
+# The steps come in order of value: the build, the GPU tests and bench_vmm first. On a 16-core
+# machine with an H200 the whole run takes about 6 minutes, the build included.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,6 +54,7 @@ failed=0
 skips=()
 results=()
 started=$SECONDS
+budget="${CISTERN_GPU_BUDGET_S:-540}"
 
 # All output goes to the terminal and to the log.
 exec > >(tee -a "$log") 2>&1
@@ -51,12 +63,22 @@ step() { echo; echo "=== gpu-check [$((SECONDS - started))s]: $*"; }
 skip() { echo "gpu-check: SKIPPED: $*"; skips+=("$*"); }
 pass() { echo "gpu-check: ok: $*"; results+=("ok: $*"); }
 fail() { echo "gpu-check: FAILED: $*"; results+=("FAILED: $*"); failed=1; }
+# Sets t, the timeout for a step that would take up to $1 seconds: what the budget has left, at
+# most $1; 0 (and a skip line naming the step $2) when less than 30 s are left.
+limit() {
+  local left=$((budget - (SECONDS - started)))
+  t=$((left < $1 ? left : $1))
+  if ((left < 30)); then
+    skip "$2: the budget of $budget s is spent"
+    t=0
+  fi
+}
 
 write_summary() {
   {
     echo "# cistern GPU check"
     echo
-    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - started)) s, commit" \
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - started)) s (budget $budget s), commit" \
       "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
       "$( [[ -n "$(git -C "$root" status --porcelain 2>/dev/null)" ]] && echo '(uncommitted changes)')"
     echo
@@ -66,6 +88,7 @@ write_summary() {
     echo
     for r in "${results[@]+"${results[@]}"}"; do echo "- $r"; done
     for s in "${skips[@]+"${skips[@]}"}"; do echo "- skipped: $s"; done
+    if [[ -f "$out/bench_vmm.md" ]]; then echo; cat "$out/bench_vmm.md"; fi
     if [[ -f "$out/replay-summary.md" ]]; then echo; cat "$out/replay-summary.md"; fi
     if [[ -f "$out/bench_gpu.md" ]]; then echo; cat "$out/bench_gpu.md"; fi
     echo
@@ -124,8 +147,10 @@ if ! cmake --build "$build" --target help 2>/dev/null | grep -q "bench_gpu"; the
   skip "the CUDA parts: CMake did not enable the CUDA backends and nvcc (see the configure output)"
   finish
 fi
-targets=(cistern_cli test_cuda_device test_cuda_gpu bench_gpu two_streams)
-if cmake --build "$build" --parallel "$jobs" --target "${targets[@]}"; then
+targets=(cistern_cli test_cuda_device test_cuda_gpu bench_gpu bench_vmm two_streams)
+limit 360 "the build"
+((t > 0)) || finish
+if timeout "$t" cmake --build "$build" --parallel "$jobs" --target "${targets[@]}"; then
   pass "build (${targets[*]})"
 else
   fail "build"
@@ -146,33 +171,64 @@ if [[ -z "$gpu_name" ]]; then
   skip "examples/two_streams: no GPU on this machine"
   skip "replays on the GPU: no GPU on this machine"
   skip "bench_gpu: no GPU on this machine"
+  skip "bench_vmm: no GPU on this machine"
   skip "gpu-plugins: no GPU on this machine"
   # The built programs must agree that there is no device, and say so clearly.
   "$build/bench/bench_gpu" --out "$out/no-gpu" --smoke >/dev/null
   rc=$?
   if [[ $rc -eq 77 ]]; then pass "bench_gpu says skipped (77) without a GPU"; else
     fail "bench_gpu without a GPU exited $rc, not 77"; fi
+  vmm_said="$("$build/bench/bench_vmm" --out "$out/no-gpu" --smoke)"
+  rc=$?
+  echo "$vmm_said"
+  if [[ $rc -eq 0 && "$vmm_said" == *"bench_vmm: SKIPPED"* ]]; then
+    pass "bench_vmm says SKIPPED without a GPU"
+  else
+    fail "bench_vmm without a GPU exited $rc without a SKIPPED line"
+  fi
   rm -rf "$out/no-gpu"
   finish
 fi
 
 # --- 2. ctest -L gpu ----------------------------------------------------------------------------
 step "ctest -L gpu"
-if timeout 300 ctest --test-dir "$build" -L gpu -j 1 --output-on-failure \
-     --output-junit "$out/ctest-gpu.xml"; then
-  # Say how many ran: a GPU test that skipped itself on a GPU machine did not test anything.
-  pass "ctest -L gpu ($(grep -o -E '(tests|failures|skipped)="[0-9]+"' "$out/ctest-gpu.xml" \
-    | head -n 3 | tr '\n' ' '))"
-else
-  fail "ctest -L gpu"
+limit 240 "ctest -L gpu"
+if ((t > 0)); then
+  if timeout "$t" ctest --test-dir "$build" -L gpu -j 1 --output-on-failure \
+       --output-junit "$out/ctest-gpu.xml"; then
+    # Say how many ran: a GPU test that skipped itself on a GPU machine did not test anything.
+    pass "ctest -L gpu ($(grep -o -E '(tests|failures|skipped)="[0-9]+"' "$out/ctest-gpu.xml" \
+      | head -n 3 | tr '\n' ' '))"
+  else
+    fail "ctest -L gpu"
+  fi
 fi
 
-# --- 3. the example -----------------------------------------------------------------------------
-step "examples/two_streams"
-if timeout 60 "$build/examples/two_streams"; then pass "two_streams"; else fail "two_streams"; fi
+# --- 3. the virtual-memory calls' times ---------------------------------------------------------
+step "bench_vmm (every virtual-memory call on this GPU)"
+limit 120 "bench_vmm"
+if ((t > 0)); then
+  timeout "$t" "$build/bench/bench_vmm" --out "$out" | tee "$out/bench_vmm.log"
+  rc=${PIPESTATUS[0]}
+  if [[ $rc -ne 0 ]]; then
+    fail "bench_vmm (exit $rc)"
+  elif grep -q "bench_vmm: SKIPPED" "$out/bench_vmm.log"; then
+    skip "bench_vmm: $(sed -n 's/.*SKIPPED: //p' "$out/bench_vmm.log" | head -n 1)"
+  else
+    pass "bench_vmm"
+  fi
+fi
 
-# --- 4. replays on the GPU ----------------------------------------------------------------------
-step "replays of $traces on the GPU (cistern, torch emulation)"
+# --- 4. the example -----------------------------------------------------------------------------
+step "examples/two_streams"
+limit 60 "two_streams"
+if ((t > 0)); then
+  if timeout "$t" "$build/examples/two_streams"; then pass "two_streams"; else
+    fail "two_streams"; fi
+fi
+
+# --- 5. replays on the GPU ----------------------------------------------------------------------
+step "replays of $traces on the GPU (cistern with and without its page engine, torch emulation)"
 trace_files=()
 if [[ -d "$traces" ]]; then
   while IFS= read -r f; do trace_files+=("$f"); done < <(
@@ -183,30 +239,50 @@ if [[ ${#trace_files[@]} -eq 0 ]]; then
   skip "replays and the bench's trace rows: no traces in $traces (set CISTERN_SHARED_DIR)"
 else
   echo "gpu-check: ${#trace_files[@]} traces"
-  timeout 300 "$cistern" replay --backend cuda --touch --policy cistern,torch --quiet \
-    --json "$out/replay-gpu.json" "${trace_files[@]}"
-  rc=$?
-  if [[ $rc -eq 0 || $rc -eq 4 ]]; then  # 4: an OOM on the GPU is a figure, not a failure
-    pass "cistern replay --backend cuda --touch (exit $rc)"
+  # cistern without its page engine, where this build has the policy option (checked on the
+  # simulated device with the smallest trace).
+  policies="cistern,torch"
+  smallest="$(ls -S "${trace_files[@]}" | tail -n 1)"
+  if "$cistern" replay --quiet --policy cistern:vmm=false "$smallest" >/dev/null 2>&1; then
+    policies="cistern,cistern:vmm=false,torch"
   else
-    fail "cistern replay --backend cuda --touch (exit $rc)"
+    skip "the replays' cistern:vmm=false rows: this cistern has no such policy option"
+  fi
+  limit 240 "the replays on the GPU"
+  if ((t > 0)); then
+    timeout "$t" "$cistern" replay --backend cuda --touch --policy "$policies" --quiet \
+      --json "$out/replay-gpu.json" "${trace_files[@]}"
+    rc=$?
+    if [[ $rc -eq 0 || $rc -eq 4 ]]; then  # 4: an OOM on the GPU is a figure, not a failure
+      pass "cistern replay --backend cuda --touch --policy $policies (exit $rc)"
+    else
+      fail "cistern replay --backend cuda --touch --policy $policies (exit $rc)"
+    fi
   fi
   capacity="$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)"
-  timeout 300 "$cistern" replay --policy cistern,torch --quiet --capacity "${capacity:-81920}MiB" \
-    --json "$out/replay-sim.json" "${trace_files[@]}" ||
-    echo "gpu-check: note: the simulated replay exited $?"
+  limit 120 "the replays on the simulated device"
+  if ((t > 0)); then
+    timeout "$t" "$cistern" replay --policy "$policies" --quiet \
+      --capacity "${capacity:-81920}MiB" --json "$out/replay-sim.json" "${trace_files[@]}" ||
+      echo "gpu-check: note: the simulated replay exited $?"
+  fi
   if [[ -f "$out/replay-gpu.json" ]] && command -v "$python" >/dev/null 2>&1; then
     "$python" - "$out/replay-gpu.json" "$out/replay-sim.json" >"$out/replay-summary.md" <<'EOF'
 import json, os, sys
 gpu = json.load(open(sys.argv[1]))
 sim = {}
+def calls(r):
+    maps = r.get("maps", r.get("device_maps", 0))
+    unmaps = r.get("unmaps", r.get("device_unmaps", 0))
+    return f"{r['device_allocs']}/{r['device_frees']}/{maps}/{unmaps}"
 if os.path.exists(sys.argv[2]):
     for r in json.load(open(sys.argv[2]))["results"]:
         sim[(r["trace"], r["policy"])] = r
 def gib(v): return "-" if v is None else f"{v / 2**30:.2f}"
 def num(v, f="{:.0f}"): return "-" if v is None else f.format(v)
-print(f"## Replays on the GPU ({gpu['device']}, every allocation written)\n")
-print("| trace | policy | peak live GiB | peak reserved GiB (sim) | OOMs | allocs/frees | "
+vmm = "virtual memory" if gpu.get("virtual_memory") else "no virtual memory: " + gpu.get("device_note", "")
+print(f"## Replays on the GPU ({gpu['device']}, {vmm}; every allocation written)\n")
+print("| trace | policy | peak live GiB | peak reserved GiB (sim) | OOMs | allocs/frees/maps/unmaps | "
       "ns/op | allocator ns/op | device ms sim | device ms real |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in gpu["results"]:
@@ -216,14 +292,14 @@ for r in gpu["results"]:
         continue
     s = sim.get((r["trace"], r["policy"]), {})
     print(f"| {name} | {r['policy']} | {gib(r['peak_live'])} | {gib(r['peak_reserved'])} "
-          f"({gib(s.get('peak_reserved'))}) | {r['ooms']} | {r['device_allocs']}/{r['device_frees']} "
+          f"({gib(s.get('peak_reserved'))}) | {r['ooms']} | {calls(r)} "
           f"| {num(r['ns_per_op'])} | {num(r['allocator_ns_per_op'])} | {num(r['device_ms'], '{:.1f}')} "
           f"| {num(r['device_real_ms'], '{:.1f}')} |")
 EOF
   fi
 fi
 
-# --- 5. bench_gpu -------------------------------------------------------------------------------
+# --- 6. bench_gpu -------------------------------------------------------------------------------
 step "bench_gpu"
 shim_args=()
 torch_prefix="$("$python" -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
@@ -231,30 +307,42 @@ if [[ -z "$torch_prefix" ]]; then
   skip "bench_gpu's torch rows: PyTorch is not importable by $python"
 else
   shim_build="$build/torch_shim"
-  if cmake -S bench/torch_shim -B "$shim_build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-       -DCMAKE_PREFIX_PATH="$torch_prefix" >"$out/torch-shim-build.log" 2>&1 &&
-     cmake --build "$shim_build" --parallel "$jobs" >>"$out/torch-shim-build.log" 2>&1; then
-    shim_args=(--torch-shim "$(cd "$shim_build" && pwd)/libcistern_torch_shim.so")
-  else
-    tail -n 20 "$out/torch-shim-build.log"
-    skip "bench_gpu's torch rows: the shim did not build against PyTorch ($out/torch-shim-build.log)"
+  limit 150 "bench_gpu's torch rows (building the shim)"
+  if ((t > 0)); then
+    if timeout "$t" cmake -S bench/torch_shim -B "$shim_build" "${generator[@]}" \
+         -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
+         >"$out/torch-shim-build.log" 2>&1 &&
+       timeout "$t" cmake --build "$shim_build" --parallel "$jobs" \
+         >>"$out/torch-shim-build.log" 2>&1; then
+      shim_args=(--torch-shim "$(cd "$shim_build" && pwd)/libcistern_torch_shim.so")
+    else
+      tail -n 20 "$out/torch-shim-build.log"
+      skip "bench_gpu's torch rows: the shim did not build against PyTorch ($out/torch-shim-build.log)"
+    fi
   fi
 fi
 bench_traces=()
-for t in pytorch/DeComFL/memory.pickle.gz pytorch/cs336_Wedsonlin/medium_ctx1024_training.pickle.gz; do
-  [[ -f "$traces/$t" ]] && bench_traces+=(--trace "$traces/$t")
+for f in pytorch/DeComFL/memory.pickle.gz pytorch/cs336_Wedsonlin/medium_ctx1024_training.pickle.gz; do
+  [[ -f "$traces/$f" ]] && bench_traces+=(--trace "$traces/$f")
 done
-if timeout 420 "$build/bench/bench_gpu" --out "$out" --budget-s 20 "${bench_traces[@]}" \
-     "${shim_args[@]}"; then
-  pass "bench_gpu"
-else
-  fail "bench_gpu"
+limit 300 "bench_gpu"
+if ((t > 0)); then
+  if timeout "$t" "$build/bench/bench_gpu" --out "$out" --budget-s 15 "${bench_traces[@]}" \
+       "${shim_args[@]}"; then
+    pass "bench_gpu"
+  else
+    fail "bench_gpu"
+  fi
 fi
 
-# --- 6. the framework plug-ins ------------------------------------------------------------------
+# --- 7. the framework plug-ins ------------------------------------------------------------------
 if [[ -x scripts/gpu-plugins.sh ]]; then
   step "scripts/gpu-plugins.sh"
-  if timeout 300 scripts/gpu-plugins.sh "$build"; then pass "gpu-plugins"; else fail "gpu-plugins"; fi
+  limit 240 "gpu-plugins"
+  if ((t > 0)); then
+    if timeout "$t" scripts/gpu-plugins.sh "$build"; then pass "gpu-plugins"; else
+      fail "gpu-plugins"; fi
+  fi
 fi
 
 finish

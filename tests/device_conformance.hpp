@@ -10,6 +10,9 @@
 //     static std::unique_ptr<cistern::Device> make();
 //     static cistern::Stream make_stream(cistern::Device&);      // streams are not in the contract
 //     static void destroy_stream(cistern::Device&, cistern::Stream);
+//     // Makes the next call of `op` fail inside the backend (as the driver would); false where
+//     // the backend cannot inject failures (a real GPU): the failure tests skip themselves.
+//     static bool fail_next(cistern::Device&, cistern::DeviceOp op);
 //   };
 //   namespace cistern::conformance {  // the instantiation must name the suite unqualified
 //   INSTANTIATE_TYPED_TEST_SUITE_P(My, DeviceConformance, ::testing::Types<MyFactory>);
@@ -89,6 +92,14 @@ class DeviceConformance : public ::testing::Test {
 
   /// Whether the backend lacks virtual memory (the VMM tests skip themselves then).
   bool lacks_virtual_memory() { return !device_->supports_virtual_memory(); }
+
+  /// Makes the next call of `op` fail; false where the backend cannot inject failures.
+  bool fail_next(DeviceOp op) { return Factory::fail_next(*device_, op); }
+
+  /// `bytes` rounded up to whole granules.
+  std::size_t granules_for(std::size_t bytes) {
+    return (bytes + granule() - 1) / granule() * granule();
+  }
 
  private:
   std::unique_ptr<Device> device_;
@@ -261,6 +272,244 @@ TYPED_TEST_P(DeviceConformance, ReleasingAReservationWithMappingsIsInvalid) {
   EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok) << device.last_error();
 }
 
+// --- virtual memory as the allocator's page engine uses it ----------------------------------------
+//
+// The engine reserves large ranges, creates physical handles of a few sizes (2 MiB and 20 MiB),
+// maps runs of a handle's granules wherever blocks need them (one handle's pages may back several
+// addresses while a range is being rebuilt), unmaps whole earlier mappings - several at once -
+// after synchronising their users, and may release a handle before its last mapping goes.
+
+TYPED_TEST_P(DeviceConformance, ReservesLargeRangesThatNeverOverlapAndTakeNoMemory) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const MemoryInfo before = this->memory();
+  // As PyTorch does per pool: 9/8 of the device's memory, so that one range never runs out.
+  const std::size_t large = this->granules_for(before.total / 8 * 9);
+  const std::size_t aligned = 16 * granule;
+  void* first = this->reserve(large);
+  void* second = nullptr;
+  ASSERT_EQ(device.reserve(large, aligned, &second), Status::ok) << device.last_error();
+  EXPECT_EQ(address(first) % granule, 0u);
+  EXPECT_EQ(address(second) % aligned, 0u) << "alignment " << aligned << " not honoured";
+  EXPECT_TRUE(address(first) + large <= address(second) ||
+              address(second) + large <= address(first))
+      << "the reservations overlap";
+  EXPECT_EQ(this->memory().free, before.free) << "address space must not take device memory";
+  EXPECT_EQ(device.release_reservation(first, large), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(second, large), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, CreatesPhysicalHandlesOfSeveralSizes) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const MemoryInfo before = this->memory();
+  const std::size_t sizes[] = {granule, 10 * granule, 3 * granule};
+  std::vector<PhysicalHandle> handles;
+  std::size_t total = 0;
+  for (std::size_t bytes : sizes) {
+    handles.push_back(this->create_physical(bytes));
+    total += bytes;
+    EXPECT_LE(this->memory().free + total, before.free) << "after a handle of " << bytes;
+  }
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) EXPECT_NE(handles[i].handle, handles[j].handle);
+  }
+  for (const PhysicalHandle handle : handles) {
+    EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  }
+  EXPECT_EQ(this->memory().free, before.free);
+  EXPECT_EQ(device.release_physical(handles[0]), Status::invalid_argument) << "released twice";
+}
+
+TYPED_TEST_P(DeviceConformance, MapsRunsOfGranulesAtOffsetsInsideAHandle) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(12 * granule);
+  const PhysicalHandle handle = this->create_physical(10 * granule);
+  // The handle's granules in two runs, in the opposite order, with a gap between them.
+  ASSERT_EQ(device.map(va, 7 * granule, handle, 3 * granule), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(va, 9 * granule), 3 * granule, handle, 0), Status::ok)
+      << device.last_error();
+  // The last granule fits; one granule past the end of the handle does not.
+  void* other = this->reserve(2 * granule);
+  EXPECT_EQ(device.map(other, 2 * granule, handle, 9 * granule), Status::invalid_argument);
+  ASSERT_EQ(device.map(other, granule, handle, 9 * granule), Status::ok) << device.last_error();
+  // A run may not cross the end of its reservation.
+  EXPECT_EQ(device.map(bytes_at(va, 7 * granule), 6 * granule, handle, 0),
+            Status::invalid_argument);
+
+  EXPECT_EQ(device.unmap(va, 7 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, 9 * granule), 3 * granule), Status::ok)
+      << device.last_error();
+  EXPECT_EQ(device.unmap(other, granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 12 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(other, 2 * granule), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, MapsOneHandleAtSeveralAddressesUntilTheLastMappingGoes) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const MemoryInfo before = this->memory();
+  void* first = this->reserve(4 * granule);
+  void* second = this->reserve(2 * granule);
+  const PhysicalHandle handle = this->create_physical(2 * granule);
+  // The same pages at three places: two ranges and a second alias of the last granule.
+  ASSERT_EQ(device.map(first, 2 * granule, handle, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(second, 2 * granule, handle, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(first, 3 * granule), granule, handle, granule), Status::ok)
+      << device.last_error();
+
+  EXPECT_EQ(device.unmap(first, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  EXPECT_LE(this->memory().free + 2 * granule, before.free) << "still mapped twice";
+  EXPECT_EQ(device.map(first, granule, handle, 0), Status::invalid_argument)
+      << "a released handle cannot be mapped again";
+  EXPECT_EQ(device.unmap(second, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_LE(this->memory().free + 2 * granule, before.free) << "still mapped once";
+  EXPECT_EQ(device.unmap(bytes_at(first, 3 * granule), granule), Status::ok) << device.last_error();
+  EXPECT_EQ(this->memory().free, before.free) << "the last mapping is gone";
+  EXPECT_EQ(device.release_reservation(first, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(second, 2 * granule), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, UnmapsPartOfWhatWasMappedAsSeparateCalls) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(4 * granule);
+  const PhysicalHandle pages = this->create_physical(4 * granule);
+  const PhysicalHandle spare = this->create_physical(2 * granule);
+  for (std::size_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(device.map(bytes_at(va, i * granule), granule, pages, i * granule), Status::ok)
+        << "granule " << i << ": " << device.last_error();
+  }
+  // The middle two in one call: the mappings on either side stay.
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), granule), Status::invalid_argument)
+      << "unmapped twice";
+  EXPECT_EQ(device.map(va, granule, spare, 0), Status::invalid_argument) << "still mapped";
+  // The hole takes other pages; then one call unmaps a whole mapping of each handle.
+  ASSERT_EQ(device.map(bytes_at(va, granule), 2 * granule, spare, 0), Status::ok)
+      << device.last_error();
+  EXPECT_EQ(device.unmap(va, granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), 3 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(pages), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(spare), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, UnmappingPartOfOneMappingIsInvalidAndChangesNothing) {
+  // cuMemUnmap takes whole mappings: a page the engine may reclaim alone is mapped alone.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(4 * granule);
+  const PhysicalHandle handle = this->create_physical(4 * granule);
+  ASSERT_EQ(device.map(va, 4 * granule, handle, 0), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), granule), Status::invalid_argument);
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::invalid_argument);
+  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), 2 * granule), Status::invalid_argument);
+  EXPECT_EQ(device.unmap(va, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok);
+}
+
+TYPED_TEST_P(DeviceConformance, SynchronisesAStreamAndAnEventBeforeUnmapping) {
+  // What the engine does before reclaiming a page: query its users' events, wait for those still
+  // running (or for their stream), then unmap.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const Stream stream = this->new_stream();
+  const Event event = this->create_event();
+  void* va = this->reserve(2 * granule);
+  const PhysicalHandle handle = this->create_physical(2 * granule);
+  ASSERT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.record_event(event, stream), Status::ok) << device.last_error();
+  const Status queried = device.query_event(event);
+  EXPECT_TRUE(queried == Status::ok || queried == Status::not_ready) << to_string(queried);
+  EXPECT_EQ(device.synchronize_event(event), Status::ok) << device.last_error();
+  EXPECT_EQ(device.query_event(event), Status::ok);
+  EXPECT_EQ(device.synchronize_stream(stream), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.destroy_event(event), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok) << device.last_error();
+}
+
+// --- failures: a failed call leaves nothing behind ------------------------------------------------
+
+TYPED_TEST_P(DeviceConformance, AFailedVirtualMemoryCallLeavesNothingBehind) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  if (!this->fail_next(DeviceOp::reserve)) GTEST_SKIP() << "the backend cannot inject failures";
+  const MemoryInfo before = this->memory();
+  void* va = nullptr;
+  EXPECT_NE(device.reserve(4 * granule, 0, &va), Status::ok);
+  EXPECT_FALSE(device.last_error().empty());
+  va = this->reserve(4 * granule);
+
+  ASSERT_TRUE(this->fail_next(DeviceOp::create_physical));
+  PhysicalHandle handle;
+  EXPECT_NE(device.create_physical(2 * granule, &handle), Status::ok);
+  EXPECT_EQ(this->memory().free, before.free) << "a failed create took memory";
+  handle = this->create_physical(2 * granule);
+
+  ASSERT_TRUE(this->fail_next(DeviceOp::map));
+  EXPECT_NE(device.map(va, 2 * granule, handle, 0), Status::ok);
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::invalid_argument) << "a failed map mapped";
+  EXPECT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(va, 2 * granule), 2 * granule, handle, 0), Status::ok)
+      << device.last_error();
+
+  ASSERT_TRUE(this->fail_next(DeviceOp::unmap));
+  EXPECT_NE(device.unmap(va, 4 * granule), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::invalid_argument)
+      << "a failed unmap must leave the range mapped";
+  EXPECT_EQ(device.unmap(va, 4 * granule), Status::ok) << "the retry: " << device.last_error();
+
+  ASSERT_TRUE(this->fail_next(DeviceOp::release_physical));
+  EXPECT_NE(device.release_physical(handle), Status::ok);
+  EXPECT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << "the handle must still live";
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+
+  ASSERT_TRUE(this->fail_next(DeviceOp::release_reservation));
+  EXPECT_NE(device.release_reservation(va, 4 * granule), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(this->memory().free, before.free);
+}
+
+TYPED_TEST_P(DeviceConformance, AFailedEventOrStreamCallCanBeRetried) {
+  Device& device = this->device();
+  if (!this->fail_next(DeviceOp::record_event)) {
+    GTEST_SKIP() << "the backend cannot inject failures";
+  }
+  const Stream stream = this->new_stream();
+  const Event event = this->create_event();
+  EXPECT_NE(device.record_event(event, stream), Status::ok);
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.record_event(event, stream), Status::ok) << device.last_error();
+  ASSERT_TRUE(this->fail_next(DeviceOp::query_event));
+  const Status failed_query = device.query_event(event);
+  EXPECT_TRUE(failed_query != Status::ok && failed_query != Status::not_ready);
+  ASSERT_TRUE(this->fail_next(DeviceOp::synchronize_event));
+  EXPECT_NE(device.synchronize_event(event), Status::ok);
+  EXPECT_EQ(device.synchronize_event(event), Status::ok) << device.last_error();
+  EXPECT_EQ(device.query_event(event), Status::ok);
+  ASSERT_TRUE(this->fail_next(DeviceOp::synchronize_stream));
+  EXPECT_NE(device.synchronize_stream(stream), Status::ok);
+  EXPECT_EQ(device.synchronize_stream(stream), Status::ok) << device.last_error();
+  EXPECT_EQ(device.destroy_event(event), Status::ok) << device.last_error();
+}
+
 // --- streams and events --------------------------------------------------------------------------
 
 TYPED_TEST_P(DeviceConformance, RecordedEventOnAnIdleStreamCompletes) {
@@ -311,16 +560,20 @@ TYPED_TEST_P(DeviceConformance, UnknownEventIsAnError) {
   EXPECT_FALSE(device.last_error().empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(DeviceConformance, DescribesItself, GranularityIsAPowerOfTwo,
-                            MemoryInfoReportsFreeWithinTotal, AllocateAlignsToAtLeast256Bytes,
-                            LiveSegmentsNeverOverlap,
-                            FreeMemoryDropsOnAllocateAndReturnsOnDeallocate,
-                            TooLargeAllocationIsOutOfMemoryAndLeavesNothingBehind,
-                            DeallocateOfABadPointerIsInvalidAndChangesNothing,
-                            VirtualMemoryRoundTrip, ReleasedPhysicalMemoryReturnsWithItsLastMapping,
-                            MisalignedMapIsInvalid, ReleasingAReservationWithMappingsIsInvalid,
-                            RecordedEventOnAnIdleStreamCompletes,
-                            EventsWorkOnTheDefaultStreamAndCanBeReRecorded,
-                            StreamWaitEventAndSynchronizationSucceed, UnknownEventIsAnError);
+REGISTER_TYPED_TEST_SUITE_P(
+    DeviceConformance, DescribesItself, GranularityIsAPowerOfTwo, MemoryInfoReportsFreeWithinTotal,
+    AllocateAlignsToAtLeast256Bytes, LiveSegmentsNeverOverlap,
+    FreeMemoryDropsOnAllocateAndReturnsOnDeallocate,
+    TooLargeAllocationIsOutOfMemoryAndLeavesNothingBehind,
+    DeallocateOfABadPointerIsInvalidAndChangesNothing, VirtualMemoryRoundTrip,
+    ReleasedPhysicalMemoryReturnsWithItsLastMapping, MisalignedMapIsInvalid,
+    ReleasingAReservationWithMappingsIsInvalid, ReservesLargeRangesThatNeverOverlapAndTakeNoMemory,
+    CreatesPhysicalHandlesOfSeveralSizes, MapsRunsOfGranulesAtOffsetsInsideAHandle,
+    MapsOneHandleAtSeveralAddressesUntilTheLastMappingGoes,
+    UnmapsPartOfWhatWasMappedAsSeparateCalls, UnmappingPartOfOneMappingIsInvalidAndChangesNothing,
+    SynchronisesAStreamAndAnEventBeforeUnmapping, AFailedVirtualMemoryCallLeavesNothingBehind,
+    AFailedEventOrStreamCallCanBeRetried, RecordedEventOnAnIdleStreamCompletes,
+    EventsWorkOnTheDefaultStreamAndCanBeReRecorded, StreamWaitEventAndSynchronizationSucceed,
+    UnknownEventIsAnError);
 
 }  // namespace cistern::conformance

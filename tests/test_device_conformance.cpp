@@ -24,6 +24,10 @@ struct SimFactoryOf {
     return static_cast<SimDevice&>(device).create_stream();
   }
   static void destroy_stream(Device&, Stream) {}
+  static bool fail_next(Device& device, DeviceOp op) {
+    static_cast<SimDevice&>(device).fail_nth(op, 1, Status::device_error);
+    return true;
+  }
 };
 
 // Named types (not aliases), so that CTest's test names read

@@ -170,4 +170,23 @@ class CudaVmmDevice final : public CudaDevice {
   std::unique_ptr<detail::CudaVmmState> vmm_;
 };
 
+/// What `open_cuda_device` opened.
+struct CudaDeviceChoice {
+  /// A `CudaVmmDevice` when `virtual_memory`, else a `CudaDevice`.
+  std::unique_ptr<CudaDevice> device;
+  /// Whether the device is a `CudaVmmDevice`, on which the allocator's page engine runs.
+  bool virtual_memory = false;
+  /// Why it is not ("" when it is): the error `CudaVmmDevice` gave, e.g. that the GPU does not
+  /// support virtual memory management or that the driver lacks a function.
+  std::string without_virtual_memory;
+};
+
+/// Opens CUDA device `options.device` as the plug-in and `cistern replay --backend cuda` do: a
+/// `CudaVmmDevice` where the driver and GPU support virtual memory management, otherwise a
+/// `CudaDevice` (saying why in the result). Throws what `CudaDevice` throws when no GPU can be
+/// used or the ordinal does not exist.
+CudaDeviceChoice open_cuda_device(CudaDeviceOptions options = {});
+/// For tests: the same over another implementation of the CUDA API (see `CudaDevice`).
+CudaDeviceChoice open_cuda_device(const detail::CudaApi& api, CudaDeviceOptions options);
+
 }  // namespace cistern

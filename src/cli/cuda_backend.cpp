@@ -1,11 +1,13 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// The CUDA side of `cistern replay --backend cuda` (see device_replay.hpp): a CudaDevice, real
-// streams, and the optional write of every allocation. Built without the CUDA toolkit, opening
+// The CUDA side of `cistern replay --backend cuda` (see device_replay.hpp): a CudaVmmDevice where
+// the driver supports virtual memory (else a CudaDevice), real streams, and the optional write of
+// every allocation. Built without the CUDA toolkit, opening
 // throws a DeviceError that says so.
 #include <fmt/format.h>
 
 #include <memory>
+#include <utility>
 
 #include "cistern/errors.hpp"
 #include "cli/device_replay.hpp"
@@ -54,7 +56,12 @@ DeviceBackend open_cuda_backend(int ordinal, bool touch_allocations) {
   CudaDeviceOptions options;
   options.device = ordinal;
   DeviceBackend backend;
-  backend.device = std::make_unique<CudaDevice>(options);
+  CudaDeviceChoice choice = open_cuda_device(options);
+  backend.device = std::move(choice.device);
+  if (!choice.virtual_memory) {
+    backend.note = "no virtual memory, so cudaMalloc segments without the page engine (" +
+                   choice.without_virtual_memory + ")";
+  }
   // The streams, the writes and the final synchronisation go to this device.
   if (const cudaError_t error = cudaSetDevice(ordinal); error != cudaSuccess) {
     (void)cudaGetLastError();

@@ -98,13 +98,15 @@ std::string format_device_table(const std::vector<replay::DeviceResult>& results
 }
 
 std::string format_device_json(const std::vector<replay::DeviceResult>& results,
-                               const std::string& device, bool touch) {
+                               const DeviceBackend& backend, bool touch) {
   Json rows = Json::array();
   for (const replay::DeviceResult& d : results) rows.push_back(row(d));
   Json doc;
   doc["version"] = CISTERN_VERSION;
   doc["backend"] = "cuda";
-  doc["device"] = device;
+  doc["device"] = backend.device->name();
+  doc["virtual_memory"] = backend.device->supports_virtual_memory();
+  doc["device_note"] = backend.note;
   doc["touch"] = touch;
   doc["results"] = std::move(rows);
   return doc.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
@@ -120,6 +122,7 @@ int run_device_replay(const DeviceReplayRequest& request) {
   }
   const std::string device = backend.device->name();
   if (!request.quiet) std::cerr << "cistern: replaying on " << device << "\n";
+  if (!backend.note.empty()) std::cerr << "cistern: " << device << ": " << backend.note << "\n";
   std::vector<replay::DeviceResult> results;
   Progress progress("replay on " + device, !request.quiet);
   const std::size_t total = request.traces.size() * request.policies.size();
@@ -134,7 +137,7 @@ int run_device_replay(const DeviceReplayRequest& request) {
   const bool stdout_taken = request.json == "-";
   if (!stdout_taken && !request.quiet) std::cout << format_device_table(results);
   if (!request.json.empty()) {
-    write_output(request.json, format_device_json(results, device, request.touch), "--json");
+    write_output(request.json, format_device_json(results, backend, request.touch), "--json");
   }
   return exit_status(results);
 }

@@ -23,9 +23,12 @@ namespace cistern::cli {
 struct DeviceBackend {
   std::unique_ptr<Device> device;
   replay::DeviceHooks hooks;
+  /// Why the device lacks what it would normally have ("" if nothing), e.g. virtual memory.
+  std::string note;
 };
 
-/// Opens CUDA device `ordinal` (a CudaDevice, made the current device) with streams from
+/// Opens CUDA device `ordinal` (made the current device; a CudaVmmDevice where the driver supports
+/// virtual memory, else a CudaDevice and a `note` saying why) with streams from
 /// `cudaStreamCreateWithFlags(cudaStreamNonBlocking)`; `touch`: every allocation is written with
 /// `cudaMemsetAsync` on its stream. Throws `cistern::DeviceError` when no GPU can be used or
 /// cistern was built without CUDA, `cistern::InvalidArgument` for an ordinal that does not exist.
@@ -48,8 +51,9 @@ int run_device_replay(const DeviceReplayRequest& request);
 
 /// The results as a table (one row per trace and policy) with simulated and real device time.
 std::string format_device_table(const std::vector<replay::DeviceResult>& results);
-/// The results as JSON: {"backend", "device", "touch", "results": [...]}.
+/// The results as JSON: {"backend", "device", "virtual_memory", "device_note", "touch",
+/// "results": [...]}.
 std::string format_device_json(const std::vector<replay::DeviceResult>& results,
-                               const std::string& device, bool touch);
+                               const DeviceBackend& backend, bool touch);
 
 }  // namespace cistern::cli

@@ -9,7 +9,9 @@
 // every request is checked against them first, so that the contract's `invalid_argument` cases
 // never depend on what a driver version happens to accept, and a failed call changes nothing.
 // An unmap of several mappings unmaps them one by one, because `cuMemUnmap` takes exactly the
-// range of one earlier `cuMemMap`.
+// range of one earlier `cuMemMap`; if the driver fails part way, the range stays tracked as
+// mapped and the same call can be retried. `unmap` does not wait for work that still uses the
+// pages (`cuMemUnmap` does not): the caller synchronises their users first.
 #include <fmt/format.h>
 
 #include <iterator>
@@ -32,6 +34,10 @@ namespace detail {
 struct CudaMapping {
   std::uintptr_t end = 0;
   CUmemGenericAllocationHandle handle = 0;
+  /// Already unmapped by the driver during an `unmap` of several mappings that then failed at a
+  /// later one. It stays tracked, so that the failed call changed nothing the caller can see and
+  /// its retry (the same range) succeeds; the retry skips it.
+  bool unmapped = false;
 };
 
 /// The virtual-memory state of a CudaVmmDevice. Invariants: reservations are disjoint; every
@@ -432,20 +438,22 @@ Status CudaVmmDevice::unmap(void* va, std::size_t bytes) noexcept {
       if (status == Status::ok) vmm.mappings.erase(first, last);  // shut down: nothing is mapped
       return status;
     }
-    for (auto it = first; it != last; it = vmm.mappings.erase(it)) {
+    for (auto it = first; it != last; ++it) {
+      if (it->second.unmapped) continue;  // by an earlier, failed call of this unmap
       const std::uintptr_t piece = it->first;
-      const std::size_t length = it->second.end - piece;
-      const CUresult error = vmm.driver.mem_unmap(piece, length);
-      if (error == CUDA_SUCCESS) continue;
+      const CUresult error = vmm.driver.mem_unmap(piece, it->second.end - piece);
+      if (error == CUDA_SUCCESS) {
+        it->second.unmapped = true;
+        continue;
+      }
       const Status status = driver_failure(s, vmm, error, DeviceOp::unmap, "cuMemUnmap", [&] {
         return fmt::format("unmap({}, {}) at the mapping [{}, {})", hex(va), format_bytes(bytes),
                            hex(piece), hex(it->second.end));
       });
-      if (status == Status::ok) {  // shut down: nothing is mapped any more
-        vmm.mappings.erase(it, last);
-      }
-      return status;  // the mappings before `it` are gone, `it` and later ones remain
+      if (status != Status::ok) return status;  // the whole range stays tracked: retry it
+      break;                                    // shut down: nothing is mapped any more
     }
+    vmm.mappings.erase(first, last);
     return Status::ok;
   });
 }

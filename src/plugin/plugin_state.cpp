@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <utility>
 
 #include "cistern/types.hpp"
 #ifdef CISTERN_HAS_CUDA
@@ -172,7 +173,15 @@ std::unique_ptr<Device> PluginState::open_device(int device) {
 #ifdef CISTERN_HAS_CUDA
   CudaDeviceOptions options;
   options.device = device;
-  return std::make_unique<CudaDevice>(options);
+  CudaDeviceChoice choice = open_cuda_device(options);
+  if (!choice.virtual_memory) {
+    // Said once per device, because the page engine the user may count on is not running.
+    std::fprintf(stderr,
+                 "cistern: %s: no virtual memory, so cudaMalloc segments without the page "
+                 "engine (%s)\n",
+                 choice.device->name().c_str(), choice.without_virtual_memory.c_str());
+  }
+  return std::move(choice.device);
 #else
   throw ConfigError("CISTERN_BACKEND", "cistern: no CUDA backend in this build");
 #endif

@@ -38,6 +38,34 @@ struct FakeFactoryOf {
     return Stream(next += 0x10);
   }
   static void destroy_stream(Device&, Stream) {}
+  /// The CUDA call behind each operation fails once, with the error the driver or runtime would
+  /// give for it.
+  static bool fail_next(Device&, DeviceOp op) {
+    switch (op) {
+      case DeviceOp::reserve:
+        fake().fail_next("cuMemAddressReserve", CUDA_ERROR_OUT_OF_MEMORY);
+        break;
+      case DeviceOp::create_physical:
+        fake().fail_next("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY);
+        break;
+      case DeviceOp::map: fake().fail_next("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY); break;
+      case DeviceOp::unmap: fake().fail_next("cuMemUnmap", CUDA_ERROR_UNKNOWN); break;
+      case DeviceOp::release_physical: fake().fail_next("cuMemRelease", CUDA_ERROR_UNKNOWN); break;
+      case DeviceOp::release_reservation:
+        fake().fail_next("cuMemAddressFree", CUDA_ERROR_UNKNOWN);
+        break;
+      case DeviceOp::record_event: fake().fail_next("cudaEventRecord", cudaErrorUnknown); break;
+      case DeviceOp::query_event: fake().fail_next("cudaEventQuery", cudaErrorUnknown); break;
+      case DeviceOp::synchronize_event:
+        fake().fail_next("cudaEventSynchronize", cudaErrorUnknown);
+        break;
+      case DeviceOp::synchronize_stream:
+        fake().fail_next("cudaStreamSynchronize", cudaErrorUnknown);
+        break;
+      default: return false;
+    }
+    return true;
+  }
 };
 
 struct FakeCudaFactory : FakeFactoryOf<CudaDevice> {};
@@ -543,6 +571,45 @@ TEST_F(FakeCudaTest, VmmUnmapTakesSeveralMappingsOneByOne) {
   EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
 }
 
+TEST_F(FakeCudaTest, VmmAnUnmapThatFailsPartWayLeavesTheRangeMappedForARetry) {
+  const auto device = open_vmm();
+  void* va = nullptr;
+  PhysicalHandle a;
+  PhysicalHandle b;
+  ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
+  ASSERT_EQ(device->create_physical(4 * MiB, &a), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &b), Status::ok);
+  char* base = static_cast<char*>(va);
+  ASSERT_EQ(device->map(base, 2 * MiB, a, 2 * MiB), Status::ok);
+  ASSERT_EQ(device->map(base + 2 * MiB, 2 * MiB, a, 0), Status::ok);
+  ASSERT_EQ(device->map(base + 4 * MiB, 2 * MiB, b, 0), Status::ok);
+  // The first cuMemUnmap succeeds, the second fails.
+  fake().fail_next("cuMemUnmap", CUDA_SUCCESS);
+  fake().fail_next("cuMemUnmap", CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(device->unmap(base, 6 * MiB), Status::device_error);
+  EXPECT_NE(
+      device->last_error().find(fmt::format("at the mapping [{:#x}, {:#x}): cuMemUnmap "
+                                            "failed: CUDA_ERROR_UNKNOWN",
+                                            reinterpret_cast<std::uintptr_t>(base + 2 * MiB),
+                                            reinterpret_cast<std::uintptr_t>(base + 4 * MiB))),
+      std::string::npos)
+      << device->last_error();
+  EXPECT_EQ(fake().mappings.size(), 2u) << "the driver unmapped the first mapping";
+  // To the caller nothing changed: the range is still mapped, and the same call is retried.
+  EXPECT_EQ(device->live_mappings(), 3u);
+  EXPECT_EQ(device->map(base, 2 * MiB, b, 0), Status::invalid_argument);
+  EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::invalid_argument);
+  fake().calls.clear();
+  EXPECT_EQ(device->unmap(base, 6 * MiB), Status::ok) << device->last_error();
+  EXPECT_EQ(fake().count("cuMemUnmap"), 2u) << "the first mapping is not unmapped twice";
+  EXPECT_TRUE(fake().mappings.empty());
+  EXPECT_EQ(device->live_mappings(), 0u);
+  EXPECT_EQ(device->release_physical(a), Status::ok);
+  EXPECT_EQ(device->release_physical(b), Status::ok);
+  EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
+  EXPECT_EQ(fake().used, 0u);
+}
+
 TEST_F(FakeCudaTest, VmmRefusesBadRangesBeforeTheDriverSeesThem) {
   const auto device = open_vmm();
   void* va = nullptr;
@@ -638,6 +705,55 @@ TEST_F(FakeCudaTest, VmmUnmapWhenTheRuntimeShutDownForgetsTheMappings) {
   EXPECT_EQ(device->live_mappings(), 0u);
   EXPECT_EQ(device->release_reservation(va, 2 * MiB), Status::ok);
   EXPECT_EQ(device->release_physical(handle), Status::ok);
+}
+
+// --- open_cuda_device: the backend the plug-in and --backend cuda choose ---------------------------
+
+TEST_F(FakeCudaTest, OpenCudaDeviceTakesVirtualMemoryWhereTheDriverHasIt) {
+  const CudaDeviceChoice choice = open_cuda_device(fake_cuda::fake_runtime_api(), on(1));
+  ASSERT_NE(choice.device, nullptr);
+  EXPECT_TRUE(choice.virtual_memory);
+  EXPECT_EQ(choice.without_virtual_memory, "");
+  EXPECT_NE(dynamic_cast<CudaVmmDevice*>(choice.device.get()), nullptr);
+  EXPECT_TRUE(choice.device->supports_virtual_memory());
+  EXPECT_EQ(choice.device->name(), "cuda:1 Fake GPU 1 (vmm)");
+}
+
+TEST_F(FakeCudaTest, OpenCudaDeviceFallsBackToCudaMallocAndSaysWhy) {
+  fake().vmm_supported = 0;
+  CudaDeviceChoice choice = open_cuda_device(fake_cuda::fake_runtime_api(), on(1));
+  ASSERT_NE(choice.device, nullptr);
+  EXPECT_FALSE(choice.virtual_memory);
+  EXPECT_EQ(dynamic_cast<CudaVmmDevice*>(choice.device.get()), nullptr);
+  EXPECT_FALSE(choice.device->supports_virtual_memory());
+  EXPECT_EQ(choice.device->name(), "cuda:1 Fake GPU 1");
+  EXPECT_NE(choice.without_virtual_memory.find("does not support virtual memory management"),
+            std::string::npos)
+      << choice.without_virtual_memory;
+  void* ptr = nullptr;
+  EXPECT_EQ(choice.device->allocate(MiB, &ptr), Status::ok) << "the fallback is usable";
+  EXPECT_EQ(choice.device->deallocate(ptr), Status::ok);
+
+  fake_cuda::reset();
+  fake().missing_symbols.insert("cuMemCreate");
+  choice = open_cuda_device(fake_cuda::fake_runtime_api(), on(0));
+  EXPECT_FALSE(choice.virtual_memory);
+  EXPECT_NE(choice.without_virtual_memory.find("cuMemCreate"), std::string::npos)
+      << choice.without_virtual_memory;
+  EXPECT_EQ(fake().last_error, cudaSuccess) << "the failed attempt must not linger";
+}
+
+TEST_F(FakeCudaTest, OpenCudaDeviceWithoutAGpuThrowsCudaDevicesError) {
+  fake().device_count_error = cudaErrorNoDevice;
+  try {
+    (void)open_cuda_device(fake_cuda::fake_runtime_api(), on(0));
+    FAIL() << "opened a device without a GPU";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("cistern: no CUDA device can be used"), std::string::npos)
+        << e.what();
+  }
+  fake_cuda::reset();
+  EXPECT_THROW((void)open_cuda_device(fake_cuda::fake_runtime_api(), on(5)), InvalidArgument);
 }
 
 // --- the real runtime on this machine ---------------------------------------------------------------

@@ -36,6 +36,7 @@ struct CudaFactoryOf {
   static void destroy_stream(Device&, Stream stream) {
     EXPECT_EQ(cudaStreamDestroy(stream.native<CUstream_st>()), cudaSuccess);
   }
+  static bool fail_next(Device&, DeviceOp) { return false; }  // a real driver fails on its own
 };
 
 struct CudaFactory : CudaFactoryOf<CudaDevice> {};
@@ -97,6 +98,87 @@ TEST(CudaGpu, MappedPagesFromTwoHandlesAreOneUsableRange) {
   EXPECT_EQ(device.release_physical(low), Status::ok);
   EXPECT_EQ(device.release_physical(high), Status::ok);
   EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok);
+}
+
+TEST(CudaGpu, OneHandleMappedAtTwoAddressesIsTheSameMemory) {
+  // What a stitched or rebuilt range relies on: pages keep their contents wherever they are
+  // mapped, and a granule run from the middle of a handle is the handle's memory at that offset.
+  CISTERN_REQUIRE_GPU();
+  CudaVmmDevice device;
+  const std::size_t granule = device.granularity();
+  void* first = nullptr;
+  void* second = nullptr;
+  PhysicalHandle handle;
+  ASSERT_EQ(device.reserve(2 * granule, 0, &first), Status::ok) << device.last_error();
+  ASSERT_EQ(device.reserve(granule, 0, &second), Status::ok) << device.last_error();
+  ASSERT_EQ(device.create_physical(2 * granule, &handle), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(first, 2 * granule, handle, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(second, granule, handle, granule), Status::ok) << device.last_error();
+  char* upper = static_cast<char*>(first) + granule;
+  ASSERT_EQ(cudaMemset(first, 0x11, granule), cudaSuccess);
+  ASSERT_EQ(cudaMemset(upper, 0x22, granule), cudaSuccess);
+  EXPECT_EQ(count_of(read_back(second, granule), 0x22), granule);
+  ASSERT_EQ(cudaMemset(second, 0x33, granule), cudaSuccess);
+  EXPECT_EQ(count_of(read_back(upper, granule), 0x33), granule);
+  EXPECT_EQ(count_of(read_back(first, granule), 0x11), granule);
+  // Released while mapped: the memory stays usable until its last mapping goes.
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(first, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(count_of(read_back(second, granule), 0x33), granule);
+  EXPECT_EQ(device.unmap(second, granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(first, 2 * granule), Status::ok);
+  EXPECT_EQ(device.release_reservation(second, granule), Status::ok);
+}
+
+TEST(CudaGpu, CachingAllocatorOnTheVmmDeviceKeepsDataIntactUnderATightLimit) {
+  // The allocator over CudaVmmDevice with its defaults (the page engine, where the build has it)
+  // and a limit well below what the pattern would need without reusing freed pages: blocks
+  // freed on one stream back a larger request on another, and the live blocks keep their bytes.
+  CISTERN_REQUIRE_GPU();
+  Config config;
+  try {
+    // Live blocks need at most 40 MiB at any time; keeping every freed page would need 56.
+    config = Config::parse("vmm:true,memory_limit_mb:48");
+  } catch (const ConfigError& e) {
+    GTEST_SKIP() << "this build has no page engine: " << e.what();
+  }
+  CudaVmmDevice device;
+  cudaStream_t first = nullptr;
+  cudaStream_t second = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking), cudaSuccess);
+  {
+    CachingAllocator allocator(device, config);
+    constexpr int kBlocks = 8;
+    const std::size_t bytes = 4 * MiB;
+    const std::size_t large_bytes = 24 * MiB;
+    std::vector<void*> blocks;
+    for (int i = 0; i < kBlocks; ++i) {
+      blocks.push_back(allocator.allocate(bytes, first));
+      ASSERT_EQ(cudaMemsetAsync(blocks.back(), 0x40 + i, bytes, first), cudaSuccess);
+    }
+    // Freed on `first` while its writes may still run: their pages may back `second`'s block
+    // only once those writes have completed.
+    for (int i = 1; i < kBlocks; i += 2) allocator.deallocate(blocks[i], first);
+    void* large = allocator.allocate(large_bytes, second);
+    ASSERT_EQ(cudaMemsetAsync(large, 0x7e, large_bytes, second), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(count_of(read_back(large, large_bytes), 0x7e), large_bytes);
+    for (int i = 0; i < kBlocks; i += 2) {
+      EXPECT_EQ(count_of(read_back(blocks[i], bytes), static_cast<unsigned char>(0x40 + i)), bytes)
+          << "live block " << i;
+      allocator.deallocate(blocks[i], first);
+    }
+    allocator.deallocate(large, second);
+    allocator.check();
+    allocator.empty_cache();
+    EXPECT_EQ(allocator.reserved_bytes(), 0u);
+    EXPECT_EQ(device.live_segments(), 0u);
+    EXPECT_EQ(device.live_mappings(), 0u);
+    EXPECT_EQ(device.live_physical(), 0u);
+  }
+  EXPECT_EQ(cudaStreamDestroy(first), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(second), cudaSuccess);
 }
 
 TEST(CudaGpu, CachingAllocatorReusesMemoryAcrossStreamsSafely) {
