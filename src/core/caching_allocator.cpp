@@ -101,7 +101,7 @@ StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
     first.stats().mark_published();
     shared_.store(&shared_stats_, std::memory_order_relaxed);
   }
-  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_, history_);
+  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_, history_, blocks_);
   StreamPool& ref = *pool;
   pools_.add(std::move(pool));
   return ref;
@@ -215,41 +215,61 @@ CISTERN_HOT void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, 
 void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (!config_.pass_through) {
-    if (StreamPool* pool = pools_.find(stream)) {
-      std::lock_guard<detail::SpinLock> lock(pool->mutex);
-      if (Block* b = pool->extract_allocated(addr)) {
-        free_block(*pool, b, stream);
-        return;
-      }
+  if (config_.pass_through) return deallocate_slow(addr, stream);
+  if (StreamPool* pool = pools_.find(stream)) {  // the common case: freed on its own stream
+    std::lock_guard<detail::SpinLock> lock(pool->mutex);
+    if (Block* b = pool->extract_allocated(addr)) {
+      free_block(*pool, b, stream);
+      return;
+    }
+  }
+  // Another stream's block (the pointer map names its owner), or misuse.
+  if (StreamPool* pool = lock_owner(addr).first) {
+    std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+    if (Block* b = pool->extract_allocated(addr)) {
+      free_block(*pool, b, stream);
+      return;
     }
   }
   deallocate_slow(addr, stream);
 }
 
-// Frees on another stream than the allocating one, pass-through frees, and misuse.
+std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_owner(std::uintptr_t addr) {
+  for (;;) {
+    Block* b = blocks_.find(addr);
+    if (b == nullptr) return {nullptr, nullptr};
+    // The owner of a segment with an allocated block cannot change (only whole free segments
+    // move); if the block was freed meanwhile (misuse), the check below sees it.
+    StreamPool* pool = b->segment->owner;
+    pool->mutex.lock();
+    if (blocks_.find(addr) == b && b->segment->owner == pool) return {pool, b};
+    pool->mutex.unlock();
+  }
+}
+
+// Pass-through frees, and misuse.
 void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream) {
   std::lock_guard<std::mutex> global(mutex_);
-  for (const auto& pool : pools_.all()) {
-    std::lock_guard<detail::SpinLock> lock(pool->mutex);
-    Block* b = pool->extract_allocated(addr);
-    if (b == nullptr) continue;
-    if (!config_.pass_through) {
-      free_block(*pool, b, stream);
-      return;
-    }
-    // Pass-through: the device free synchronises, so no event is needed for other users.
-    record(HistoryEntry::Action::free_requested, addr, b->requested, stream);
-    record(HistoryEntry::Action::free_completed, addr, b->requested, stream);
-    pool->release(b);
-    if (!release_segment(*pool, b)) {
-      throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
-                                                  "(it stays cached): {}",
-                                                  addr, last_release_error_));
-    }
+  StreamPool* pool = lock_owner(addr).first;
+  Block* b = pool != nullptr ? pool->extract_allocated(addr) : nullptr;
+  if (b == nullptr) {
+    if (pool != nullptr) pool->mutex.unlock();  // freed by another thread meanwhile
+    throw_invalid_pointer(addr, "deallocate");
+  }
+  std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+  if (!config_.pass_through) {
+    free_block(*pool, b, stream);
     return;
   }
-  throw_invalid_pointer(addr, "deallocate");
+  // Pass-through: the device free synchronises, so no event is needed for other users.
+  record(HistoryEntry::Action::free_requested, addr, b->requested, stream);
+  record(HistoryEntry::Action::free_completed, addr, b->requested, stream);
+  pool->release(b);
+  if (!release_segment(*pool, b)) {
+    throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
+                                                "(it stays cached): {}",
+                                                addr, last_release_error_));
+  }
 }
 
 // Pool lock held; `b` extracted. Records an event on every other stream that used the block (and
@@ -292,26 +312,23 @@ bool CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream s
 
 void CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<std::mutex> global(mutex_);
-  for (const auto& pool : pools_.all()) {
-    std::lock_guard<detail::SpinLock> lock(pool->mutex);
-    Block* b = pool->find_allocated(addr);
-    if (b == nullptr) continue;
-    if (stream == pool->stream) return;  // the allocating stream is always waited for
-    auto& uses = b->stream_uses;
-    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
-    return;
+  auto [pool, b] = lock_owner(addr);
+  if (pool == nullptr) {
+    std::lock_guard<std::mutex> global(mutex_);
+    throw_invalid_pointer(addr, "record_stream");
   }
-  throw_invalid_pointer(addr, "record_stream");
+  std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+  if (stream == pool->stream) return;  // the allocating stream is always waited for
+  auto& uses = b->stream_uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
 }
 
 std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::size_t size = 0;
+  // An allocated block's size does not change until it is freed, which needs its map entry.
+  if (blocks_.with(addr, [&size](const Block& b) { size = b.size; })) return size;
   std::lock_guard<std::mutex> global(mutex_);
-  for (const auto& pool : pools_.all()) {
-    std::lock_guard<detail::SpinLock> lock(pool->mutex);
-    if (const Block* b = pool->find_allocated(addr)) return b->size;
-  }
   throw_invalid_pointer(addr, "allocation_size");
 }
 
