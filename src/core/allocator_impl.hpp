@@ -92,6 +92,7 @@ class CachingAllocator::Impl {
   Snapshot snapshot() const;
   void check() const;
   std::size_t allocation_size(void* ptr) const;
+  std::pair<void*, std::size_t> base_allocation(void* ptr) const;
   void set_memory_fraction(double fraction);
   void record_history(bool enabled, std::size_t max_entries);
   std::vector<HistoryEntry> history() const;

@@ -332,6 +332,18 @@ std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
   throw_invalid_pointer(addr, "allocation_size");
 }
 
+std::pair<void*, std::size_t> CachingAllocator::Impl::base_allocation(void* ptr) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::pair<void*, std::size_t> base{nullptr, 0};
+  // A segment holding an allocated block is neither released nor moved to another pool.
+  const bool found = blocks_.with(addr, [&base](const Block& b) {
+    base = {reinterpret_cast<void*>(b.segment->base), b.segment->size};
+  });
+  if (found) return base;
+  std::lock_guard<std::mutex> global(mutex_);
+  throw_invalid_pointer(addr, "base_allocation");
+}
+
 // --- history --------------------------------------------------------------------------------------------
 
 void CachingAllocator::Impl::record_history(bool enabled, std::size_t max_entries) {
@@ -469,6 +481,10 @@ int CachingAllocator::device_index() const noexcept { return impl_->device().ind
 std::string CachingAllocator::name() const { return "cistern"; }
 std::size_t CachingAllocator::allocation_size(void* ptr) const {
   return impl_->allocation_size(ptr);
+}
+
+std::pair<void*, std::size_t> CachingAllocator::base_allocation(void* ptr) const {
+  return impl_->base_allocation(ptr);
 }
 std::size_t CachingAllocator::reserved_bytes() const noexcept { return impl_->reserved_bytes(); }
 std::size_t CachingAllocator::allocated_bytes() const noexcept { return impl_->allocated_bytes(); }
