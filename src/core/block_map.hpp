@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "debug_assert.hpp"
 #include "ptr_map.hpp"
 #include "spin_lock.hpp"
 
@@ -25,6 +26,7 @@ class BlockMap {
   void insert(std::uintptr_t addr, Block* block) {
     Shard& s = shard(addr);
     std::lock_guard<SpinLock> lock(s.mutex);
+    CISTERN_ASSERT_INTERNAL(addr == block->addr && s.map.find(addr) == nullptr);
     s.map.insert(addr, block);
   }
   /// Removes `addr` and returns its block, or nullptr if it is not allocated.

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "cistern/stats.hpp"
+#include "debug_assert.hpp"
 
 namespace cistern::detail {
 
@@ -110,6 +111,7 @@ class PoolStats {
   void dec(StatKind kind, bool small, std::int64_t delta) noexcept {
     const int k = static_cast<int>(kind);
     Stat& row = rows_[k][small ? 0 : 1];
+    CISTERN_ASSERT_INTERNAL(delta >= 0 && row.current >= delta && all_[k].current >= delta);
     row.current -= delta;
     row.freed += delta;
     all_[k].current -= delta;

@@ -21,6 +21,7 @@
 #include "block_index.hpp"
 #include "block_map.hpp"
 #include "cistern/types.hpp"
+#include "debug_assert.hpp"
 #include "history_log.hpp"
 #include "pool_stats.hpp"
 #include "size_policy.hpp"
@@ -114,6 +115,7 @@ class StreamPool {
     const std::size_t bin = size >> park_shift_;
     Block* b = parked_[bin];
     if (b == nullptr) return nullptr;
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::parked && b->size == size);
     parked_[bin] = b->left;
     b->left = nullptr;
     --parked_count_[bin];
@@ -135,6 +137,7 @@ class StreamPool {
   /// splitting off the rest when the policy says so.
   void* take(Block* b, std::size_t size, std::size_t requested) {
     const bool small = !b->segment->large;
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->size >= size && size >= requested);
     unindex(b);
     if (policy_.should_split(b->size, size, small)) split(b, size);
     hand_out(b, requested, small);
@@ -155,6 +158,7 @@ class StreamPool {
 
   /// Frees an extracted block that no other stream uses: it is cached at once.
   CISTERN_HOT void release(Block* b) noexcept {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::allocated && b->segment->owner == this);
     const bool small = !b->segment->large;
     end_allocation(b, small);
     retire(b, small);
@@ -170,6 +174,7 @@ class StreamPool {
   /// Caches a pending block whose events have all completed: parks a small block, or coalesces
   /// it with its free neighbours and indexes it.
   void retire_pending(Block* b) {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::pending && b->pending_events == 0);
     if (HistoryLog* log = history_.load(std::memory_order_relaxed)) {
       log->add(HistoryEntry::Action::free_completed, b->addr, b->requested, stream);
     }
@@ -260,6 +265,7 @@ class StreamPool {
     mirror_allocated(size);
   }
   CISTERN_HOT void end_allocation(Block* b, bool small) noexcept {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::allocated && allocated_count_ > 0);
     const auto size = static_cast<std::int64_t>(b->size);
     stats_.dec(StatKind::allocation, small, 1);
     stats_.dec(StatKind::allocated_bytes, small, size);
