@@ -13,6 +13,13 @@
 //               mimalloc (mi_malloc/mi_free), glibc (malloc/free); for 512B and mix_small also
 //               cistern:vmm=false (classic segments, one thread: the engine's hit-path cost)
 //   threads     1, 2, 4; every thread runs the whole workload on its own stream (its own heap).
+// Two more families, cistern only, show the paths that leave the stream's own pool:
+//   shared_stream/<workload>/cistern/threads:N   2 and 4 threads allocate and free on one stream
+//                                                (one pool and one pool lock for all)
+//   cross_stream/<workload>/cistern[/threads:N]  every thread allocates on its own stream and
+//                                                frees on a second stream of its own (the free
+//                                                records an event; the block is reused once the
+//                                                allocating stream sees it completed)
 // Every run warms up first (two passes over the sizes), so that cistern serves the measured
 // requests from its cache. The cistern rows count what still left the hit path during the
 // measurement: device_allocs (segments from the device) and takeovers (cached segments taken
@@ -55,11 +62,11 @@ namespace {
 
 // --- one benchmark run ---------------------------------------------------------------------------
 
-/// What the threads of one run share: the device, one stream per thread (created up front), one
-/// allocator, and a barrier.
+/// What the threads of one run share: the device, two streams per thread (created up front: the
+/// first allocates, the second frees in the cross_stream rows), one allocator, and a barrier.
 struct Run {
   Run(int threads, const Config& config)
-      : streams(make_streams(device, threads)), allocator(device, config), barrier(threads) {}
+      : streams(make_streams(device, 2 * threads)), allocator(device, config), barrier(threads) {}
 
   static std::vector<Stream> make_streams(SimDevice& device, int threads) {
     std::vector<Stream> made;
@@ -124,19 +131,34 @@ void measure(benchmark::State& state, Heap heap, const Workload& workload, bool 
   set_pair_counters(state, wall);
 }
 
+/// Which streams the threads of a cistern row use.
+enum class StreamUse {
+  own,     // pair/...: each thread allocates and frees on its own stream
+  shared,  // shared_stream/...: every thread allocates and frees on the first stream
+  cross,   // cross_stream/...: each thread allocates on its own stream and frees on another
+};
+
+/// The cistern heap of the calling thread in a row of the given stream use.
+CisternHeap cistern_heap(const benchmark::State& state, StreamUse use) {
+  const auto t = static_cast<std::size_t>(state.thread_index());
+  const std::vector<Stream>& streams = g_run->streams;
+  switch (use) {
+    case StreamUse::shared: return CisternHeap(g_run->allocator, streams[0]);
+    case StreamUse::cross: return CisternHeap(g_run->allocator, streams[2 * t], streams[2 * t + 1]);
+    case StreamUse::own: break;
+  }
+  return CisternHeap(g_run->allocator, streams[2 * t]);
+}
+
 void bench_pairs(benchmark::State& state, const std::string& workload_name, AllocatorKind kind,
-                 const std::string& unavailable) {
+                 const std::string& unavailable, StreamUse use) {
   if (!unavailable.empty()) {
     state.SkipWithError(unavailable.c_str());
     return;
   }
   const Workload& w = workload(workload_name);
   switch (kind) {
-    case AllocatorKind::cistern: {
-      const Stream stream = g_run->streams[static_cast<std::size_t>(state.thread_index())];
-      measure(state, CisternHeap(g_run->allocator, stream), w, true);
-      break;
-    }
+    case AllocatorKind::cistern: measure(state, cistern_heap(state, use), w, true); break;
     case AllocatorKind::mimalloc: measure(state, MimallocHeap(), w, false); break;
     case AllocatorKind::glibc: measure(state, GlibcHeap(), w, false); break;
   }
@@ -151,6 +173,17 @@ std::string unavailable_reason(const std::string& workload_name, AllocatorKind k
   return unavailable_reason(kind);
 }
 
+/// Registers `name` with 2 and 4 threads, and before that with one thread if `single`.
+template <class Body>
+void register_rows(const std::string& name, Body body, bool single) {
+  if (single) benchmark::RegisterBenchmark(name.c_str(), body)->Setup(start_run)->Teardown(end_run);
+  benchmark::RegisterBenchmark(name.c_str(), body)
+      ->Threads(2)
+      ->Threads(4)
+      ->Setup(start_run)
+      ->Teardown(end_run);
+}
+
 void register_benchmarks() {
   constexpr AllocatorKind kinds[] = {AllocatorKind::cistern, AllocatorKind::mimalloc,
                                      AllocatorKind::glibc};
@@ -159,21 +192,31 @@ void register_benchmarks() {
       const std::string full = "pair/" + name + "/" + to_string(kind);
       const std::string why = unavailable_reason(name, kind);
       auto body = [name, kind, why](benchmark::State& state) {
-        bench_pairs(state, name, kind, why);
+        bench_pairs(state, name, kind, why, StreamUse::own);
       };
       // Single-threaded under the plain name, then /threads:2 and /threads:4.
-      for (benchmark::internal::Benchmark* b :
-           {benchmark::RegisterBenchmark(full.c_str(), body),
-            benchmark::RegisterBenchmark(full.c_str(), body)->Threads(2)->Threads(4)}) {
-        b->Setup(start_run)->Teardown(end_run);
-      }
+      register_rows(full, body, true);
     }
+    const std::string why = unavailable_reason(name, AllocatorKind::cistern);
+    register_rows(
+        "shared_stream/" + name + "/cistern",
+        [name, why](benchmark::State& state) {
+          bench_pairs(state, name, AllocatorKind::cistern, why, StreamUse::shared);
+        },
+        false);
+    register_rows(
+        "cross_stream/" + name + "/cistern",
+        [name, why](benchmark::State& state) {
+          bench_pairs(state, name, AllocatorKind::cistern, why, StreamUse::cross);
+        },
+        true);
   }
   for (const std::string name : {"512B", "mix_small"}) {
     const std::string why = unavailable_reason(name, AllocatorKind::cistern);
     benchmark::RegisterBenchmark(("pair/" + name + "/cistern:vmm=false").c_str(),
                                  [name, why](benchmark::State& state) {
-                                   bench_pairs(state, name, AllocatorKind::cistern, why);
+                                   bench_pairs(state, name, AllocatorKind::cistern, why,
+                                               StreamUse::own);
                                  })
         ->Setup(start_classic_run)
         ->Teardown(end_run);

@@ -113,13 +113,17 @@ inline const Workload& workload(const std::string& name) {
 class CisternHeap {
  public:
   CisternHeap(CachingAllocator& allocator, Stream stream)
-      : allocator_(&allocator), stream_(stream) {}
+      : CisternHeap(allocator, stream, stream) {}
+  /// Allocates on `stream` and frees on `free_stream` (a cross-stream free when they differ).
+  CisternHeap(CachingAllocator& allocator, Stream stream, Stream free_stream)
+      : allocator_(&allocator), stream_(stream), free_stream_(free_stream) {}
   void* allocate(std::size_t bytes) { return allocator_->allocate(bytes, stream_); }
-  void deallocate(void* ptr) { allocator_->deallocate(ptr, stream_); }
+  void deallocate(void* ptr) { allocator_->deallocate(ptr, free_stream_); }
 
  private:
   CachingAllocator* allocator_;
   Stream stream_;
+  Stream free_stream_;
 };
 
 /// The process's `malloc`/`free`: glibc's, as long as nothing overrides them (`malloc_is_glibc`).

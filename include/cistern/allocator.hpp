@@ -48,6 +48,12 @@ class Allocator {
   virtual int device_index() const noexcept = 0;
   /// A short name, e.g. "cistern" or "torch".
   virtual std::string name() const = 0;
+
+  /// Verifies the allocator's invariants; throws `InvariantViolation` describing the first one
+  /// broken. This version checks what the interface shows: segments sorted and disjoint, blocks
+  /// tiling their segments, and the snapshot agreeing with `stats()` and `reserved_bytes()`.
+  /// Allocators override it to walk their internal structures as well.
+  virtual void check() const;
 };
 
 }  // namespace cistern

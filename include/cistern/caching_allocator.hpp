@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cistern/allocator.hpp"
@@ -33,8 +34,9 @@ namespace cistern {
 /// The caching allocator. One instance serves one device.
 class CachingAllocator final : public Allocator {
  public:
-  /// An allocator over `device`, which must outlive it.
-  explicit CachingAllocator(Device& device, Config config = Config::from_env());
+  /// An allocator over `device`, which must outlive it, with the options `config` (the defaults
+  /// unless given; pass `Config::from_env()` to honour CISTERN_ALLOC_CONF).
+  explicit CachingAllocator(Device& device, Config config = Config());
   /// Returns every cached segment to the device. Blocks still allocated are left to the device
   /// (and reported by `check()` before destruction, if asked).
   ~CachingAllocator() override;
@@ -53,6 +55,10 @@ class CachingAllocator final : public Allocator {
   void reset_accumulated_stats();
   /// The size of the block that serves `ptr` (rounded), or throws `InvalidPointer`.
   std::size_t allocation_size(void* ptr) const;
+  /// The device allocation (segment) that holds the allocated block at `ptr`: its base address
+  /// and size, as PyTorch's `getBaseAllocation`. O(1), no global lock; throws `InvalidPointer`
+  /// for a pointer that `allocate` did not return or that was freed.
+  std::pair<void*, std::size_t> base_allocation(void* ptr) const;
   /// Bytes currently held from the device (one atomic load).
   std::size_t reserved_bytes() const noexcept override;
   /// Bytes currently handed to callers, rounded (cheap).
@@ -76,7 +82,7 @@ class CachingAllocator final : public Allocator {
 
   /// Walks every segment, block, index and counter and verifies every invariant; throws
   /// `InvariantViolation` describing the first one broken. Takes every lock.
-  void check() const;
+  void check() const override;
 
  private:
   class Impl;

@@ -7,20 +7,27 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+
+/// CUDA's stream type, declared here so that no CUDA header is needed: `cudaStream_t` and
+/// `CUstream` are `CUstream_st*`.
+struct CUstream_st;  // NOLINT(readability-identifier-naming): CUDA's name
 
 namespace cistern {
 
 /// An opaque stream handle. For the CUDA backends it holds a `cudaStream_t` value (0 is the
 /// legacy default stream); for `SimDevice` it holds the id returned by `SimDevice::create_stream`.
-/// Converts implicitly from any pointer type so that `cudaStream_t` can be passed directly.
+/// Built only from a `cudaStream_t` (implicitly, so that CUDA streams can be passed directly), from
+/// a device's own streams, or explicitly from a raw integer handle: no other pointer converts, so
+/// `allocate(n, some_float_ptr)` does not compile.
 struct Stream {
   std::uintptr_t handle = 0;
 
   constexpr Stream() noexcept = default;
   /// A stream from its raw integer handle.
   constexpr explicit Stream(std::uintptr_t raw) noexcept : handle(raw) {}
-  /// A stream from a native pointer handle such as `cudaStream_t`.
-  template <class T>
+  /// A stream from a `cudaStream_t` (a template so that a literal 0 stays unambiguous).
+  template <class T, std::enable_if_t<std::is_same_v<T, ::CUstream_st>, int> = 0>
   Stream(T* native) noexcept  // NOLINT(google-explicit-constructor): cudaStream_t converts freely
       : handle(reinterpret_cast<std::uintptr_t>(native)) {}
 

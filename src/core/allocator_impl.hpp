@@ -8,7 +8,9 @@
 // (the global lock) is taken first by everything that calls the device for segments, touches
 // more than one pool, or creates a pool; a thread holding several pool locks always holds the
 // global lock, so pool locks never deadlock. Order: global, then pools (any order), then the
-// event pool's mutex and the device's own lock, which are leaves.
+// pointer map's shard locks, the event pool's mutex and the device's own lock, which are leaves.
+// A free, record_stream and allocation_size find the block in the pointer map (one shard lock)
+// and then lock its owner pool, never the global lock, unless the pointer is invalid.
 #pragma once
 
 #include <atomic>
@@ -19,8 +21,10 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "block_map.hpp"
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
 #include "history_log.hpp"
@@ -89,6 +93,7 @@ class CachingAllocator::Impl {
   Snapshot snapshot() const;
   void check() const;
   std::size_t allocation_size(void* ptr) const;
+  std::pair<void*, std::size_t> base_allocation(void* ptr) const;
   void set_memory_fraction(double fraction);
   void record_history(bool enabled, std::size_t max_entries);
   std::vector<HistoryEntry> history() const;
@@ -120,6 +125,9 @@ class CachingAllocator::Impl {
   void* allocate_pass_through(detail::StreamPool& pool, std::size_t size, std::size_t bytes,
                               bool small);
   void deallocate_slow(std::uintptr_t addr, Stream stream);
+  /// The allocated block at `addr` with its owner pool's lock taken (the caller unlocks), or
+  /// {nullptr, nullptr} if no block is allocated there. Needs no global lock.
+  std::pair<detail::StreamPool*, detail::Block*> lock_owner(std::uintptr_t addr);
   void free_block(detail::StreamPool& pool, detail::Block* b, Stream stream);
   bool free_with_uses(detail::StreamPool& pool, detail::Block* b, Stream stream);
   [[noreturn]] void throw_invalid_pointer(std::uintptr_t addr, const char* what) const;
@@ -173,6 +181,7 @@ class CachingAllocator::Impl {
   detail::SizePolicy policy_;
   detail::EventPool events_;
   mutable std::mutex mutex_;  // the global lock
+  detail::BlockMap blocks_;   // every pool's allocated blocks (before pools_: outlives them)
   PoolTable pools_;
   mutable detail::SharedStats shared_stats_;           // written by publication, also from reads
   std::atomic<detail::SharedStats*> shared_{nullptr};  // set once a second pool exists

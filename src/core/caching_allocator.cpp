@@ -116,7 +116,7 @@ StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
     first.stats().mark_published();
     shared_.store(&shared_stats_, std::memory_order_relaxed);
   }
-  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_, history_);
+  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_, history_, blocks_);
   StreamPool& ref = *pool;
   pools_.add(std::move(pool));
   return ref;
@@ -235,11 +235,21 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   bool freed = false;
   if (!config_.pass_through) {
-    if (StreamPool* pool = pools_.find(stream)) {
+    if (StreamPool* pool = pools_.find(stream)) {  // the common case: freed on its own stream
       std::lock_guard<detail::SpinLock> lock(pool->mutex);
       if (Block* b = pool->extract_allocated(addr)) {
         free_block(*pool, b, stream);
         freed = true;
+      }
+    }
+    // Another stream's block (the pointer map names its owner), or misuse.
+    if (!freed) {
+      if (StreamPool* pool = lock_owner(addr).first) {
+        std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+        if (Block* b = pool->extract_allocated(addr)) {
+          free_block(*pool, b, stream);
+          freed = true;
+        }
       }
     }
   }
@@ -248,29 +258,42 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   if (trims_) trim_to_threshold();
 }
 
-// Frees on another stream than the allocating one, pass-through frees, and misuse.
+std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_owner(std::uintptr_t addr) {
+  for (;;) {
+    Block* b = blocks_.find(addr);
+    if (b == nullptr) return {nullptr, nullptr};
+    // The owner of a segment with an allocated block cannot change (only whole free segments
+    // move); if the block was freed meanwhile (misuse), the check below sees it.
+    StreamPool* pool = b->segment->owner;
+    pool->mutex.lock();
+    if (blocks_.find(addr) == b && b->segment->owner == pool) return {pool, b};
+    pool->mutex.unlock();
+  }
+}
+
+// Pass-through frees, and misuse.
 void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream) {
   std::lock_guard<std::mutex> global(mutex_);
-  for (const auto& pool : pools_.all()) {
-    std::lock_guard<detail::SpinLock> lock(pool->mutex);
-    Block* b = pool->extract_allocated(addr);
-    if (b == nullptr) continue;
-    if (!config_.pass_through) {
-      free_block(*pool, b, stream);
-      return;
-    }
-    // Pass-through: the device free synchronises, so no event is needed for other users.
-    record(HistoryEntry::Action::free_requested, addr, b->requested, stream);
-    record(HistoryEntry::Action::free_completed, addr, b->requested, stream);
-    pool->release(b);
-    if (!release_segment(*pool, b)) {
-      throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
-                                                  "(it stays cached): {}",
-                                                  addr, last_release_error_));
-    }
+  StreamPool* pool = lock_owner(addr).first;
+  Block* b = pool != nullptr ? pool->extract_allocated(addr) : nullptr;
+  if (b == nullptr) {
+    if (pool != nullptr) pool->mutex.unlock();  // freed by another thread meanwhile
+    throw_invalid_pointer(addr, "deallocate");
+  }
+  std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+  if (!config_.pass_through) {
+    free_block(*pool, b, stream);
     return;
   }
-  throw_invalid_pointer(addr, "deallocate");
+  // Pass-through: the device free synchronises, so no event is needed for other users.
+  record(HistoryEntry::Action::free_requested, addr, b->requested, stream);
+  record(HistoryEntry::Action::free_completed, addr, b->requested, stream);
+  pool->release(b);
+  if (!release_segment(*pool, b)) {
+    throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
+                                                "(it stays cached): {}",
+                                                addr, last_release_error_));
+  }
 }
 
 // Pool lock held; `b` extracted. Records an event on every other stream that used the block (and
@@ -313,27 +336,36 @@ bool CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream s
 
 void CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<std::mutex> global(mutex_);
-  for (const auto& pool : pools_.all()) {
-    std::lock_guard<detail::SpinLock> lock(pool->mutex);
-    Block* b = pool->find_allocated(addr);
-    if (b == nullptr) continue;
-    if (stream == pool->stream) return;  // the allocating stream is always waited for
-    auto& uses = b->stream_uses;
-    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
-    return;
+  auto [pool, b] = lock_owner(addr);
+  if (pool == nullptr) {
+    std::lock_guard<std::mutex> global(mutex_);
+    throw_invalid_pointer(addr, "record_stream");
   }
-  throw_invalid_pointer(addr, "record_stream");
+  std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+  if (stream == pool->stream) return;  // the allocating stream is always waited for
+  auto& uses = b->stream_uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
 }
 
 std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::size_t size = 0;
+  // An allocated block's size does not change until it is freed, which needs its map entry.
+  if (blocks_.with(addr, [&size](const Block& b) { size = b.size; })) return size;
   std::lock_guard<std::mutex> global(mutex_);
-  for (const auto& pool : pools_.all()) {
-    std::lock_guard<detail::SpinLock> lock(pool->mutex);
-    if (const Block* b = pool->find_allocated(addr)) return b->size;
-  }
   throw_invalid_pointer(addr, "allocation_size");
+}
+
+std::pair<void*, std::size_t> CachingAllocator::Impl::base_allocation(void* ptr) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  std::pair<void*, std::size_t> base{nullptr, 0};
+  // A segment holding an allocated block is neither released nor moved to another pool.
+  const bool found = blocks_.with(addr, [&base](const Block& b) {
+    base = {reinterpret_cast<void*>(b.segment->base), b.segment->size};
+  });
+  if (found) return base;
+  std::lock_guard<std::mutex> global(mutex_);
+  throw_invalid_pointer(addr, "base_allocation");
 }
 
 // --- history --------------------------------------------------------------------------------------------
@@ -473,6 +505,10 @@ int CachingAllocator::device_index() const noexcept { return impl_->device().ind
 std::string CachingAllocator::name() const { return "cistern"; }
 std::size_t CachingAllocator::allocation_size(void* ptr) const {
   return impl_->allocation_size(ptr);
+}
+
+std::pair<void*, std::size_t> CachingAllocator::base_allocation(void* ptr) const {
+  return impl_->base_allocation(ptr);
 }
 std::size_t CachingAllocator::reserved_bytes() const noexcept { return impl_->reserved_bytes(); }
 std::size_t CachingAllocator::allocated_bytes() const noexcept { return impl_->allocated_bytes(); }

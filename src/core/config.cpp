@@ -416,7 +416,8 @@ constexpr Option kOptions[] = {
     {"exact_peaks", "bool",
      "With several streams, publishes every statistics change at once so that allocator-wide "
      "peaks are exact; False: in batches, which keeps threads on different streams from writing "
-     "shared memory on every operation (peaks then within 2 MiB or 64 blocks per stream).",
+     "shared memory on every operation (peaks then within 64 blocks and the reserved bytes of each "
+     "other stream).",
      [](Config& c, const std::string& text) { c.exact_peaks = parse_bool(text); },
      [](const Config& c) { return bool_text(c.exact_peaks); }, nullptr},
     {"pass_through", "bool",

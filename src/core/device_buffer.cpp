@@ -16,7 +16,9 @@ namespace cistern {
 namespace {
 
 thread_local Stream current_stream_of_thread;
+thread_local int current_device_of_thread = 0;
 std::atomic<Allocator*> default_allocator_{nullptr};
+std::atomic<Allocator*> per_device_allocators_[kMaxDefaultDevices] = {};
 
 }  // namespace
 
@@ -28,7 +30,32 @@ StreamScope::StreamScope(Stream stream) noexcept : previous_(current_stream_of_t
 
 StreamScope::~StreamScope() { current_stream_of_thread = previous_; }
 
-Allocator* default_allocator() noexcept { return default_allocator_.load(); }
+int current_device() noexcept { return current_device_of_thread; }
+
+DeviceScope::DeviceScope(int device) noexcept : previous_(current_device_of_thread) {
+  current_device_of_thread = device;
+}
+
+DeviceScope::~DeviceScope() { current_device_of_thread = previous_; }
+
+Allocator* per_device_allocator(int device) noexcept {
+  if (device < 0 || device >= kMaxDefaultDevices) return nullptr;
+  return per_device_allocators_[device].load();
+}
+
+Allocator* set_per_device_allocator(int device, Allocator* allocator) {
+  if (device < 0 || device >= kMaxDefaultDevices) {
+    throw InvalidArgument(
+        fmt::format("cistern: set_per_device_allocator({}): the device ordinal must be in [0, {})",
+                    device, kMaxDefaultDevices));
+  }
+  return per_device_allocators_[device].exchange(allocator);
+}
+
+Allocator* default_allocator() noexcept {
+  if (Allocator* scoped = default_allocator_.load()) return scoped;
+  return per_device_allocator(current_device());
+}
 
 Allocator* set_default_allocator(Allocator* allocator) noexcept {
   return default_allocator_.exchange(allocator);
@@ -40,8 +67,10 @@ Allocator& allocator_or_default(Allocator* allocator) {
   if (allocator == nullptr) allocator = default_allocator();
   if (allocator == nullptr) {
     throw InvalidArgument(
-        "cistern: no allocator given and no default allocator set; pass one, or set one with "
-        "cistern::set_default_allocator() or cistern::AllocatorScope");
+        fmt::format("cistern: no allocator given and no default allocator set for device {}; "
+                    "pass one, or set one with cistern::set_per_device_allocator(), "
+                    "cistern::set_default_allocator() or cistern::AllocatorScope",
+                    current_device()));
   }
   return *allocator;
 }

@@ -275,7 +275,7 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
   }
   expect(segments == pool.segment_count(), pool, "segment count disagrees with the list");
   expect(parked == pool.parked_count(), pool, "parking lists hold blocks not parked here");
-  expect(allocated == pool.allocated().size(), pool, "pointer map holds other blocks");
+  expect(allocated == pool.allocated_count(), pool, "allocated-block count disagrees");
   for (const bool small : {true, false}) {
     const detail::BlockIndex& index = pool.index(small);
     if (const char* problem = index.check()) violated(pool, problem);
@@ -405,12 +405,19 @@ void CachingAllocator::Impl::check() const {
   AllPoolsLock locks(pools_, nullptr);
   Stats totals;
   std::vector<const detail::Segment*> expandable;
+  std::size_t allocated = 0;
   for (const auto& pool : pools_.all()) {
     check_pool(*pool, totals);
     pool->publish_stats();
+    allocated += pool->allocated_count();
     for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
       if (s->expandable) expandable.push_back(s);
     }
+  }
+  if (blocks_.size() != allocated) {
+    throw InvariantViolation(
+        fmt::format("cistern::check: the pointer map holds {} blocks but the pools {}",
+                    blocks_.size(), allocated));
   }
   const std::int64_t reserved = totals.get(StatKind::reserved_bytes, StatPool::all).current;
   if (vmm_) {

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "block.hpp"
+#include "debug_assert.hpp"
 
 namespace cistern::detail {
 
@@ -22,6 +23,7 @@ class PtrMap {
 
   /// Adds `key -> block`; the key must not be present.
   inline __attribute__((always_inline)) void insert(std::uintptr_t key, Block* block) {
+    CISTERN_ASSERT_INTERNAL(key != 0 && key % 512 == 0);
     if (size_ >= grow_at_) grow();
     std::size_t i = slot_of(key);
     while (slots_[i].key != 0) i = (i + 1) & mask_;

@@ -42,11 +42,13 @@ void EventPool::release(Event event) {
 }
 
 StreamPool::StreamPool(Stream s, const SizePolicy& policy, const Config& config,
-                       std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history)
+                       std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history,
+                       BlockMap& blocks)
     : stream(s),
       policy_(policy),
       shared_(shared),
       history_(history),
+      blocks_(blocks),
       park_small_blocks_(config.park_small_blocks),
       exact_peaks_(config.exact_peaks),
       park_shift_(static_cast<unsigned>(log2_floor(config.min_block_size))) {

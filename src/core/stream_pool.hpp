@@ -19,10 +19,11 @@
 
 #include "block.hpp"
 #include "block_index.hpp"
+#include "block_map.hpp"
 #include "cistern/types.hpp"
+#include "debug_assert.hpp"
 #include "history_log.hpp"
 #include "pool_stats.hpp"
-#include "ptr_map.hpp"
 #include "size_policy.hpp"
 #include "spin_lock.hpp"
 
@@ -97,7 +98,8 @@ struct PendingQueue {
 class StreamPool {
  public:
   StreamPool(Stream stream, const SizePolicy& policy, const Config& config,
-             std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history);
+             std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history,
+             BlockMap& blocks);
   ~StreamPool();
 
   /// At most this many blocks of one size are parked; more are coalesced at once.
@@ -113,6 +115,7 @@ class StreamPool {
     const std::size_t bin = size >> park_shift_;
     Block* b = parked_[bin];
     if (b == nullptr) return nullptr;
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::parked && b->size == size);
     parked_[bin] = b->left;
     b->left = nullptr;
     --parked_count_[bin];
@@ -134,6 +137,7 @@ class StreamPool {
   /// splitting off the rest when the policy says so.
   void* take(Block* b, std::size_t size, std::size_t requested) {
     const bool small = !b->segment->large;
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->size >= size && size >= requested);
     unindex(b);
     if (policy_.should_split(b->size, size, small)) split(b, size);
     hand_out(b, requested, small);
@@ -141,18 +145,20 @@ class StreamPool {
     return reinterpret_cast<void*>(b->addr);
   }
 
-  /// Removes the allocated block at `addr` from the pointer map and returns it (nullptr if
-  /// none): the first step of every free. Follow with `release`, or give it back with `restore`.
+  /// Removes this pool's allocated block at `addr` from the allocator-wide pointer map and
+  /// returns it (nullptr if no block of this pool is allocated there): the first step of every
+  /// free. Follow with `release`, or give it back with `restore`.
   CISTERN_HOT Block* extract_allocated(std::uintptr_t addr) noexcept {
-    return allocated_.extract(addr);
+    return blocks_.extract_owned(addr, this);
   }
   /// Puts an extracted block back, unchanged.
-  void restore(Block* b) { allocated_.insert(b->addr, b); }
-  /// The allocated block at `addr`, or nullptr.
-  Block* find_allocated(std::uintptr_t addr) const noexcept { return allocated_.find(addr); }
+  void restore(Block* b) { blocks_.insert(b->addr, b); }
+  /// The allocated block at `addr` (of any pool), or nullptr.
+  Block* find_allocated(std::uintptr_t addr) const noexcept { return blocks_.find(addr); }
 
   /// Frees an extracted block that no other stream uses: it is cached at once.
   CISTERN_HOT void release(Block* b) noexcept {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::allocated && b->segment->owner == this);
     const bool small = !b->segment->large;
     end_allocation(b, small);
     retire(b, small);
@@ -168,6 +174,7 @@ class StreamPool {
   /// Caches a pending block whose events have all completed: parks a small block, or coalesces
   /// it with its free neighbours and indexes it.
   void retire_pending(Block* b) {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::pending && b->pending_events == 0);
     if (HistoryLog* log = history_.load(std::memory_order_relaxed)) {
       log->add(HistoryEntry::Action::free_completed, b->addr, b->requested, stream);
     }
@@ -236,7 +243,8 @@ class StreamPool {
   Segment* segments() const noexcept { return segments_; }
   std::size_t segment_count() const noexcept { return segment_count_; }
   const BlockIndex& index(bool small) const noexcept { return indexes_[small ? 0 : 1]; }
-  const PtrMap& allocated() const noexcept { return allocated_; }
+  /// Blocks of this pool that are allocated (in the pointer map).
+  std::size_t allocated_count() const noexcept { return allocated_count_; }
   const std::vector<PendingQueue>& pending() const noexcept { return pending_; }
   std::size_t pending_count() const noexcept { return pending_count_; }
   /// allocated_bytes of this pool, readable without the lock.
@@ -258,7 +266,8 @@ class StreamPool {
   CISTERN_HOT void hand_out(Block* b, std::size_t requested, bool small) {
     b->state = BlockState::allocated;
     b->requested = requested;
-    allocated_.insert(b->addr, b);
+    blocks_.insert(b->addr, b);
+    ++allocated_count_;
     const auto size = static_cast<std::int64_t>(b->size);
     stats_.inc(StatKind::allocation, small, 1);
     stats_.inc(StatKind::allocated_bytes, small, size);
@@ -268,12 +277,14 @@ class StreamPool {
     mirror_allocated(size);
   }
   CISTERN_HOT void end_allocation(Block* b, bool small) noexcept {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::allocated && allocated_count_ > 0);
     const auto size = static_cast<std::int64_t>(b->size);
     stats_.dec(StatKind::allocation, small, 1);
     stats_.dec(StatKind::allocated_bytes, small, size);
     stats_.dec(StatKind::requested_bytes, small, static_cast<std::int64_t>(b->requested));
     if (policy_.is_oversize(b->size)) stats_.add_oversize_allocations(-1);
     mirror_allocated(-size);
+    --allocated_count_;
   }
   // The activity statistics are derived (pool_stats.hpp): retiring changes none of them.
   CISTERN_HOT void retire(Block* b, bool small) noexcept {
@@ -326,7 +337,8 @@ class StreamPool {
   std::atomic<HistoryLog*>& history_;
   BlockIndex indexes_[2];  // small, large
   Block* whole_[2] = {nullptr, nullptr};
-  PtrMap allocated_;
+  BlockMap& blocks_;  // the allocator's pointer map
+  std::size_t allocated_count_ = 0;
   std::vector<PendingQueue> pending_;
   std::size_t pending_count_ = 0;
   Segment* segments_ = nullptr;

@@ -222,14 +222,10 @@ void* cistern_base_allocation(void* ptr, size_t* size) {
   void* base = ptr;
   guarded([&] {
     PluginState& state = PluginState::get();
-    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    const cistern::Snapshot snapshot =
-        cistern::plugin::allocator_of(state, ptr, "base_allocation").snapshot();
-    for (const cistern::SegmentInfo& segment : snapshot.segments) {
-      if (addr < segment.address || addr >= segment.address + segment.total_size) continue;
-      base = reinterpret_cast<void*>(segment.address);
-      if (size != nullptr) *size = segment.total_size;
-    }
+    const auto [segment, bytes] =
+        cistern::plugin::allocator_of(state, ptr, "base_allocation").base_allocation(ptr);
+    base = segment;
+    if (size != nullptr) *size = bytes;
   });
   return base;
 }

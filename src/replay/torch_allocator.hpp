@@ -98,7 +98,7 @@ class TorchAllocator final : public Allocator, public WarmStart {
   /// Walks every segment, block, pool, event and statistic and verifies PyTorch's invariants
   /// (blocks tile their segment, no two free neighbours, pools hold exactly the free blocks,
   /// statistics agree with the blocks); throws `InvariantViolation` naming the first one broken.
-  void check() const;
+  void check() const override;
 
  private:
   class Impl;

@@ -1,0 +1,88 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// BlockMap: the allocator-wide map from the address of every allocated block to its Block.
+//
+// One map for all streams' pools, as PyTorch keeps one, so that a free, `record_stream`,
+// `allocation_size` or a base-allocation lookup finds any pointer in O(1) without the global
+// lock, whichever stream allocated it (the block's segment names its owner pool). The map is
+// split into shards by address, each a PtrMap under its own spin lock, so that threads working
+// on different streams seldom meet on a lock; a shard lock is a leaf (taken after a pool lock
+// by hand-outs, alone by lookups) and is held only for one map operation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "debug_assert.hpp"
+#include "ptr_map.hpp"
+#include "spin_lock.hpp"
+
+namespace cistern::detail {
+
+class BlockMap {
+ public:
+  /// Adds `addr -> block`; the address must not be present.
+  void insert(std::uintptr_t addr, Block* block) {
+    Shard& s = shard(addr);
+    std::lock_guard<SpinLock> lock(s.mutex);
+    CISTERN_ASSERT_INTERNAL(addr == block->addr && s.map.find(addr) == nullptr);
+    s.map.insert(addr, block);
+  }
+  /// Removes `addr` and returns its block, or nullptr if it is not allocated.
+  Block* extract(std::uintptr_t addr) noexcept {
+    Shard& s = shard(addr);
+    std::lock_guard<SpinLock> lock(s.mutex);
+    return s.map.extract(addr);
+  }
+  /// Removes `addr` if its block belongs to a segment of `owner`, and returns the block; nullptr
+  /// (and nothing removed) otherwise.
+  Block* extract_owned(std::uintptr_t addr, const StreamPool* owner) noexcept {
+    Shard& s = shard(addr);
+    std::lock_guard<SpinLock> lock(s.mutex);
+    const Block* b = s.map.find(addr);
+    return b != nullptr && b->segment->owner == owner ? s.map.extract(addr) : nullptr;
+  }
+  /// The block at `addr`, or nullptr. The block stays valid only while nothing frees it.
+  Block* find(std::uintptr_t addr) const noexcept {
+    Shard& s = shard(addr);
+    std::lock_guard<SpinLock> lock(s.mutex);
+    return s.map.find(addr);
+  }
+  /// Calls f(block) on the block at `addr` under its shard's lock, so that a concurrent free
+  /// cannot end the allocation meanwhile; returns false if `addr` is not allocated.
+  template <class F>
+  bool with(std::uintptr_t addr, F&& f) const {
+    Shard& s = shard(addr);
+    std::lock_guard<SpinLock> lock(s.mutex);
+    Block* b = s.map.find(addr);
+    if (b == nullptr) return false;
+    f(*b);
+    return true;
+  }
+  /// Entries in all shards (each shard read under its lock; exact when nothing runs).
+  std::size_t size() const noexcept {
+    std::size_t n = 0;
+    for (Shard& s : shards_) {
+      std::lock_guard<SpinLock> lock(s.mutex);
+      n += s.map.size();
+    }
+    return n;
+  }
+
+ private:
+  static constexpr std::size_t kShards = 64;  // a power of two
+  // Own cache line per shard: threads on different shards never write the same line.
+  struct alignas(64) Shard {
+    SpinLock mutex;
+    PtrMap map;
+  };
+  Shard& shard(std::uintptr_t addr) const noexcept {
+    // Block addresses are multiples of 512; consecutive blocks land in different shards.
+    return shards_[((addr >> 9) * 0x9E3779B97F4A7C15ull >> 58) & (kShards - 1)];
+  }
+
+  mutable Shard shards_[kShards];
+};
+
+}  // namespace cistern::detail
