@@ -32,7 +32,9 @@ struct Caching {
   static constexpr bool kPassThrough = false;
 };
 
-constexpr char kDefaults[] = "";
+constexpr char kDefaults[] = "";  // on SimDevice: the virtual-memory engine
+constexpr char kClassic[] = "vmm:False";
+constexpr char kEngineTight[] = "memory_limit_mb:256,release_threshold_mb:8";  // reclaim and trims
 constexpr char kParkedExact[] = "park_small_blocks:True,exact_peaks:True";
 constexpr char kSplitLimit[] = "max_split_size_mb:40,garbage_collection_threshold:0.5";
 constexpr char kPassThroughConf[] = "pass_through:True";
@@ -104,14 +106,17 @@ class AllocatorContract : public ::testing::Test {
   std::map<void*, Live> live_;
 };
 
-using Allocators = ::testing::Types<Caching<kDefaults>, Caching<kParkedExact>, Caching<kSplitLimit>,
-                                    PassThrough, Torch>;
+using Allocators =
+    ::testing::Types<Caching<kDefaults>, Caching<kClassic>, Caching<kEngineTight>,
+                     Caching<kParkedExact>, Caching<kSplitLimit>, PassThrough, Torch>;
 
 class AllocatorNames {
  public:
   template <class T>
   static std::string GetName(int) {  // NOLINT(readability-identifier-naming): GoogleTest's name
     if constexpr (std::is_same_v<T, Caching<kDefaults>>) return "caching_defaults";
+    if constexpr (std::is_same_v<T, Caching<kClassic>>) return "caching_classic";
+    if constexpr (std::is_same_v<T, Caching<kEngineTight>>) return "caching_engine_limit";
     if constexpr (std::is_same_v<T, Caching<kParkedExact>>) return "caching_parked_exact_peaks";
     if constexpr (std::is_same_v<T, Caching<kSplitLimit>>) return "caching_split_limit_gc";
     if constexpr (std::is_same_v<T, PassThrough>) return "pass_through";

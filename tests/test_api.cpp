@@ -81,7 +81,7 @@ TEST(Api, CheckIsPartOfTheAllocatorInterface) {
 
 TEST(Api, BaseAllocationNamesTheSegmentOfAnyStreamsBlock) {
   SimDevice device;
-  CachingAllocator alloc(device);
+  CachingAllocator alloc(device, Config::parse("vmm:False"));  // classic segments: exact sizes
   const Stream s1 = device.create_stream();
   const Stream s2 = device.create_stream();
   void* a = alloc.allocate(3 * MiB, s1);
