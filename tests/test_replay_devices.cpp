@@ -16,6 +16,7 @@
 #include "replay/engine.hpp"
 #include "replay/forwarding_device.hpp"
 #include "replay/metered_device.hpp"
+#include "trace/readers.hpp"
 
 namespace cistern {
 namespace {
@@ -321,6 +322,31 @@ TEST(ReplayPasses, MinCapacityCoversEveryPass) {
             22 * MiB);
   EXPECT_EQ(replay::min_capacity(step_that_swaps(), replay::Policy::parse("nocache"), passes(3)),
             4 * MiB);
+}
+
+// --- the traces the project ships -----------------------------------------------------------------
+
+TEST(BundledTraces, ReplayUnderEveryPolicyWithASteadyStateAfterTheFirstStep) {
+  // peak_live of each synthetic training step (traces/README.md), to the byte.
+  const std::pair<const char*, std::uint64_t> traces[] = {
+      {"transformer_6l_512h.trace.gz", 1459269636},
+      {"transformer_12l_1024h.trace.gz", 5687582724},
+  };
+  for (const auto& [name, peak_live] : traces) {
+    SCOPED_TRACE(name);
+    const trace::Trace t =
+        trace::read_trace(std::string(CISTERN_SOURCE_DIR) + "/traces/synthetic/" + name);
+    for (const char* policy : {"cistern", "torch", "nocache"}) {
+      SCOPED_TRACE(policy);
+      const replay::Result r = replay::run(t, replay::Policy::parse(policy), passes(2));
+      ASSERT_EQ(r.error, "");
+      EXPECT_EQ(r.peak_live, peak_live);
+      EXPECT_EQ(r.ooms, 0u);
+      ASSERT_EQ(r.passes.size(), 2u);
+      EXPECT_EQ(r.passes[1].peak_reserved, r.passes[0].peak_reserved);
+      if (std::string(policy) != "nocache") EXPECT_EQ(r.passes[1].device_allocs, 0u);
+    }
+  }
 }
 
 }  // namespace

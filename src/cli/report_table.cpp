@@ -40,11 +40,13 @@ std::string format_passes(const replay::Result& r) {
     later.unmaps += r.passes[i].unmaps;
   }
   const replay::PassResult& first = r.passes[0];
+  const std::string others =
+      r.passes.size() == 2 ? std::string("pass 2") : fmt::format("passes 2-{}", r.passes.size());
   return fmt::format(
-      "{}{:<{}} pass 1: {} / {} +{}m/{}u; passes 2-{}: {} / {} +{}m/{}u (allocs / frees, "
-      "maps / unmaps)\n",
+      "{}{:<{}} pass 1: {} / {} +{}m/{}u; {}: {} / {} +{}m/{}u (allocs / frees, maps / "
+      "unmaps)\n",
       kIndent, "", kPolicyWidth, first.device_allocs, first.device_frees, first.maps, first.unmaps,
-      r.passes.size(), later.device_allocs, later.device_frees, later.maps, later.unmaps);
+      others, later.device_allocs, later.device_frees, later.maps, later.unmaps);
 }
 
 std::string format_ns(const std::optional<double>& ns) {
