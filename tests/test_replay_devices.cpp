@@ -178,6 +178,8 @@ TEST(MeteredDevice, CountsAndPricesEveryCallOfAPageAllocator) {
   const DeviceCalls& calls = meter.calls();
   EXPECT_EQ(calls.allocs, 0u);
   EXPECT_EQ(calls.frees, 0u);
+  EXPECT_EQ(calls.reserves, 2u);
+  EXPECT_EQ(calls.unreserves, 2u);
   EXPECT_EQ(calls.creates, 5u);
   EXPECT_EQ(calls.releases, 5u);
   EXPECT_EQ(calls.maps, 5u);

@@ -42,7 +42,19 @@ Status MeteredDevice::deallocate(void* ptr) noexcept {
 }
 
 // --- virtual memory: handles priced by their size, maps and unmaps per call ---------------------------
-// Reserving and releasing address space are not priced (docs/cost-model.md).
+// Reserving and releasing address space are counted, not priced (docs/cost-model.md).
+
+Status MeteredDevice::reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept {
+  const Status status = upstream().reserve(bytes, alignment, va);
+  if (status == Status::ok) ++calls_.reserves;
+  return status;
+}
+
+Status MeteredDevice::release_reservation(void* va, std::size_t bytes) noexcept {
+  const Status status = upstream().release_reservation(va, bytes);
+  if (status == Status::ok) ++calls_.unreserves;
+  return status;
+}
 
 Status MeteredDevice::create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept {
   const Status status = upstream().create_physical(bytes, handle);

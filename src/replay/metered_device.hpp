@@ -22,15 +22,17 @@ namespace cistern::replay::detail {
 
 /// Successful calls of an allocator, and their simulated cost.
 struct DeviceCalls {
-  std::uint64_t allocs = 0;    ///< segments obtained (cudaMalloc)
-  std::uint64_t frees = 0;     ///< segments returned (cudaFree)
-  std::uint64_t creates = 0;   ///< physical handles created (cuMemCreate)
-  std::uint64_t releases = 0;  ///< physical handles released (cuMemRelease)
-  std::uint64_t maps = 0;      ///< map calls
-  std::uint64_t unmaps = 0;    ///< unmap calls
-  std::uint64_t events = 0;    ///< event create, destroy, record, query and stream waits
-  std::uint64_t syncs = 0;     ///< stream, event and device synchronisations
-  double ns = 0;               ///< simulated time of every metered call, failed ones included
+  std::uint64_t allocs = 0;      ///< segments obtained (cudaMalloc)
+  std::uint64_t frees = 0;       ///< segments returned (cudaFree)
+  std::uint64_t reserves = 0;    ///< address ranges reserved (cuMemAddressReserve)
+  std::uint64_t unreserves = 0;  ///< address ranges released (cuMemAddressFree)
+  std::uint64_t creates = 0;     ///< physical handles created (cuMemCreate)
+  std::uint64_t releases = 0;    ///< physical handles released (cuMemRelease)
+  std::uint64_t maps = 0;        ///< map calls
+  std::uint64_t unmaps = 0;      ///< unmap calls
+  std::uint64_t events = 0;      ///< event create, destroy, record, query and stream waits
+  std::uint64_t syncs = 0;       ///< stream, event and device synchronisations
+  double ns = 0;                 ///< simulated time of every metered call, failed ones included
 };
 
 /// See the file comment. Not thread-safe for counting: one replay, one thread.
@@ -47,6 +49,8 @@ class MeteredDevice final : public ForwardingDevice {
 
   Status allocate(std::size_t bytes, void** ptr) noexcept override;
   Status deallocate(void* ptr) noexcept override;
+  Status reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept override;
+  Status release_reservation(void* va, std::size_t bytes) noexcept override;
   Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept override;
   Status release_physical(PhysicalHandle handle) noexcept override;
   Status map(void* va, std::size_t bytes, PhysicalHandle handle,
