@@ -113,7 +113,7 @@ class Cli : public ::testing::Test {
 };
 
 #define REQUIRE_TRACES() \
-  if (!have_traces()) GTEST_SKIP() << "no ../shared/traces"
+  if (!have_traces()) GTEST_SKIP() << "no shared traces at " << shared_ << "/traces"
 
 const json* find_row(const json& doc, const std::string& policy) {
   for (const json& row : doc.at("results"))

@@ -86,7 +86,8 @@ TEST(CorruptInput, TextFormats) {
 
 TEST(CorruptInput, RealSnapshotAndItsNativeForm) {
   const std::string shared = cistern::testing::shared_dir();
-  if (!cistern::testing::traces_available(shared)) GTEST_SKIP() << "no shared traces";
+  if (!cistern::testing::traces_available(shared))
+    GTEST_SKIP() << "no shared traces at " << shared << "/traces";
   const std::string path =
       shared + "/traces/pytorch/cs336_Wedsonlin/medium_ctx128_inference.pickle.gz";
   const std::string pickle = trace::read_file(path);

@@ -123,7 +123,8 @@ INSTANTIATE_TEST_SUITE_P(SharedTraces, RealTraces, ::testing::ValuesIn(reference
 // The Kineto figures the issue states beside the README's.
 TEST(KinetoTrace, PyTorchCountersAreReproduced) {
   const std::string shared = cistern::testing::shared_dir();
-  if (!cistern::testing::traces_available(shared)) GTEST_SKIP() << "no shared traces";
+  if (!cistern::testing::traces_available(shared))
+    GTEST_SKIP() << "no shared traces at " << shared << "/traces";
   const trace::Trace trace = trace::read_trace(shared + "/traces/kineto/df_index_resolver.json.gz");
   // Total Reserved never moved: the run was at its high-water mark before the window.
   EXPECT_EQ(trace.recorded.initial_reserved, 12782141440U);
@@ -137,7 +138,8 @@ TEST(KinetoTrace, PyTorchCountersAreReproduced) {
 // The recorded state before the window: segments and their reserved bytes.
 TEST(PyTorchSnapshot, WarmStartStateIsRebuilt) {
   const std::string shared = cistern::testing::shared_dir();
-  if (!cistern::testing::traces_available(shared)) GTEST_SKIP() << "no shared traces";
+  if (!cistern::testing::traces_available(shared))
+    GTEST_SKIP() << "no shared traces at " << shared << "/traces";
   const std::string base = shared + "/traces/pytorch/";
   const trace::Trace decomfl = trace::read_trace(base + "DeComFL/memory.pickle.gz");
   // The window opened on an empty device: every one of its 61 segments was allocated in it.

@@ -5,7 +5,8 @@
 // every allocation at the address PyTorch recorded, allocate the same sequence of segment sizes
 // as the recorded segment_alloc events, and reach PyTorch's recorded peak reserved to the byte;
 // and at the end of the window its segments and blocks (address, size, state) must be exactly
-// the `segments` PyTorch wrote into the snapshot.
+// the `segments` PyTorch wrote into the snapshot. The replay is the engine's own (its Replayer,
+// warm start and event loop), with hooks that compare each step with the recording.
 //
 // On a mismatch the first divergence is printed with its context: the event, the expected and
 // the actual address, the cached blocks of that stream's pool that could have served it, and
@@ -23,6 +24,9 @@
 #include <vector>
 
 #include "cistern/sim_device.hpp"
+#include "replay/engine.hpp"
+#include "replay/plan.hpp"
+#include "replay/replayer.hpp"
 #include "replay/torch_allocator.hpp"
 #include "replay/warm_start.hpp"
 #include "support/trace_sizes.hpp"
@@ -111,15 +115,6 @@ std::vector<std::string> pytorch_snapshots(const std::string& root) {
   return out;
 }
 
-/// Trace stream 0 recorded as handle 0 is the default stream; every other one a new stream.
-std::vector<Stream> map_streams(const trace::Trace& t, SimDevice& device) {
-  std::vector<Stream> streams;
-  for (std::size_t i = 0; i < t.streams.size(); ++i) {
-    streams.push_back(i == 0 && t.streams[0] == 0 ? default_stream : device.create_stream());
-  }
-  return streams;
-}
-
 /// The context of a divergence: the event, the cached blocks of that stream's pool that are
 /// large enough, and the events before it.
 std::string describe_divergence(const trace::Trace& t, std::size_t index, const void* actual,
@@ -155,82 +150,83 @@ std::string describe_divergence(const trace::Trace& t, std::size_t index, const 
   return out;
 }
 
-/// Replays `t` warm on the emulation and compares it with what PyTorch recorded.
+/// The engine's loop hooks of a fidelity run: PyTorch's segment_free bursts are empty_cache()
+/// calls of the program, and frees that completed later than requested (record_stream) become
+/// reusable only at their recorded completion; every allocation's address and every new
+/// segment are compared with the recording.
+class FidelityHooks final : public detail::LoopHooks {
+ public:
+  FidelityHooks(const trace::Trace& t, Fidelity& f) : t_(t), f_(f) {
+    for (const trace::RecordedSegmentEvent& s : t.recorded.segment_events) {
+      if (s.kind == trace::RecordedSegmentEvent::Kind::free)
+        empty_cache_before_[s.before_event] = true;
+    }
+    for (const trace::RecordedFreeCompletion& c : t.recorded.deferred_frees) {
+      completion_[c.id] = c.before_event;
+    }
+  }
+  void attach(detail::Replayer& replayer) { replayer_ = &replayer; }
+
+  void before_event(std::size_t i) override {
+    for (auto it = deferred_.begin(); it != deferred_.end() && it->first <= i;) {
+      replayer_->free_slot(it->second, default_stream);
+      it = deferred_.erase(it);
+    }
+    if (empty_cache_before_.count(i) != 0) replayer_->allocator().empty_cache();
+    reserved_before_ = replayer_->allocator().reserved_bytes();
+  }
+  void allocated(std::size_t i, const detail::Step&, void* p, Stream stream) override {
+    if (i == detail::kAtStart) return;
+    const std::size_t reserved = replayer_->allocator().reserved_bytes();
+    if (reserved > reserved_before_) f_.segments.push_back(reserved - reserved_before_);
+    ++f_.allocations;
+    if (reinterpret_cast<std::uintptr_t>(p) == t_.events[i].addr) {
+      ++f_.matched;
+    } else if (f_.first_divergence.empty()) {
+      const auto& alloc = dynamic_cast<const TorchAllocator&>(replayer_->allocator());
+      f_.first_divergence = describe_divergence(t_, i, p, alloc, stream);
+    }
+  }
+  bool freeing(std::size_t i, const detail::Step& step, void*, Stream) override {
+    const auto c = completion_.find(t_.events[i].id);
+    if (c == completion_.end() || c->second <= i) return true;
+    deferred_.emplace(c->second, step.slot);
+    return false;
+  }
+
+ private:
+  const trace::Trace& t_;
+  Fidelity& f_;
+  detail::Replayer* replayer_ = nullptr;
+  std::map<std::size_t, bool> empty_cache_before_;
+  std::unordered_map<std::uint64_t, std::size_t> completion_;
+  std::multimap<std::size_t, std::uint32_t> deferred_;  // completion event -> slot
+  std::size_t reserved_before_ = 0;
+};
+
+/// Replays `t` warm on the emulation through the engine and compares it with what PyTorch
+/// recorded.
 Fidelity replay_warm(const trace::Trace& t) {
-  SimDeviceOptions options;
+  Policy policy;
+  policy.name = policy.label = "torch";
+  policy.config = recorded_config(t);
+  Options options;
   options.capacity = std::size_t{1} << 40;  // ample: no out-of-memory path in the window
-  options.index = t.device;
-  SimDevice device(options);
-  TorchAllocator alloc(device, recorded_config(t));
-  const std::vector<Stream> streams = map_streams(t, device);
-  const WarmStartResult warm = apply_warm_start(t, alloc, device, streams);
-
-  std::unordered_map<std::uint64_t, void*> pointers(warm.live.begin(), warm.live.end());
-  // PyTorch's segment_free bursts are empty_cache() calls of the program; frees that completed
-  // later than requested (record_stream) become reusable only at their recorded completion.
-  std::map<std::size_t, bool> empty_cache_before;
-  for (const trace::RecordedSegmentEvent& s : t.recorded.segment_events) {
-    if (s.kind == trace::RecordedSegmentEvent::Kind::free)
-      empty_cache_before[s.before_event] = true;
-  }
-  std::unordered_map<std::uint64_t, std::size_t> completion;
-  for (const trace::RecordedFreeCompletion& c : t.recorded.deferred_frees) {
-    completion[c.id] = c.before_event;
-  }
-  std::multimap<std::size_t, std::uint64_t> deferred;  // completion event -> id
-
+  options.start = Start::warm;
+  const detail::Plan plan = detail::compile(t);
+  EXPECT_EQ(plan.error, "");
   Fidelity f;
   for (const trace::RecordedSegmentEvent& s : t.recorded.segment_events) {
     if (s.kind == trace::RecordedSegmentEvent::Kind::alloc) f.recorded_segments.push_back(s.size);
   }
   f.recorded_peak = t.recorded.peak_reserved.value_or(0);
-  f.peak_reserved = alloc.reserved_bytes();
-  const auto free_now = [&](std::uint64_t id, Stream stream) {
-    const auto found = pointers.find(id);
-    if (found == pointers.end()) return;
-    alloc.deallocate(found->second, stream);
-    pointers.erase(found);
-  };
-  const auto before_event = [&](std::size_t i) {
-    for (auto it = deferred.begin(); it != deferred.end() && it->first <= i;) {
-      free_now(it->second, default_stream);
-      it = deferred.erase(it);
-    }
-    if (empty_cache_before.count(i) != 0) alloc.empty_cache();
-  };
-  for (std::size_t i = 0; i < t.events.size(); ++i) {
-    before_event(i);
-    const trace::Event& e = t.events[i];
-    const Stream stream = streams.at(e.stream);
-    switch (e.op) {
-      case trace::Op::alloc: {
-        const std::size_t reserved_before = alloc.reserved_bytes();
-        void* p = alloc.allocate(static_cast<std::size_t>(e.size), stream);
-        pointers[e.id] = p;
-        if (alloc.reserved_bytes() > reserved_before) {
-          f.segments.push_back(alloc.reserved_bytes() - reserved_before);
-        }
-        ++f.allocations;
-        if (reinterpret_cast<std::uintptr_t>(p) == e.addr) {
-          ++f.matched;
-        } else if (f.first_divergence.empty()) {
-          f.first_divergence = describe_divergence(t, i, p, alloc, stream);
-        }
-        break;
-      }
-      case trace::Op::free:
-        if (const auto c = completion.find(e.id); c != completion.end() && c->second > i) {
-          deferred.emplace(c->second, e.id);
-        } else {
-          free_now(e.id, stream);
-        }
-        break;
-      case trace::Op::synchronize: device.synchronize_device(); break;
-      case trace::Op::empty_cache: alloc.empty_cache(); break;
-    }
-    f.peak_reserved = std::max<std::uint64_t>(f.peak_reserved, alloc.reserved_bytes());
-  }
-  before_event(t.events.size());
+  FidelityHooks hooks(t, f);
+  detail::Replayer replayer(t, plan, policy, options, options.capacity, &hooks);
+  hooks.attach(replayer);
+  replayer.start(false);
+  replayer.replay(plan.steps.size(), false, nullptr);
+  f.peak_reserved = replayer.measures().peak_reserved;
+  const auto& alloc = dynamic_cast<const TorchAllocator&>(replayer.allocator());
   alloc.check();
   f.final_state = alloc.snapshot();
   return f;

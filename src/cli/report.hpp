@@ -52,8 +52,9 @@ std::string format_ratio(const std::optional<std::uint64_t>& min_capacity, std::
 
 /// `{"version": ..., "results": [row, ...]}` with one row per result, sizes in bytes and null
 /// where a figure was not computed. Fields: trace, device, policy, start, capacity, peak_live,
-/// peak_reserved, overhead, min_capacity, events, ooms, device_allocs, device_frees,
-/// device_maps, device_unmaps, ns_per_op, device_ms, error.
+/// peak_reserved, overhead, min_capacity, events, ooms, device_allocs, device_frees, maps,
+/// unmaps, handle_creates, handle_releases, syncs, [passes: with --repeat, per pass
+/// peak_reserved, device_allocs, device_frees, maps, unmaps], ns_per_op, device_ms, error.
 std::string format_json(const std::vector<TraceResults>& traces);
 /// One result as a row of `format_json` (the fields above).
 nlohmann::ordered_json result_json(const replay::Result& r);

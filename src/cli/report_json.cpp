@@ -39,8 +39,24 @@ nlohmann::ordered_json result_json(const replay::Result& r) {
   j["ooms"] = r.ooms;
   j["device_allocs"] = r.device_allocs;
   j["device_frees"] = r.device_frees;
-  j["device_maps"] = r.device_maps;
-  j["device_unmaps"] = r.device_unmaps;
+  j["maps"] = r.device_maps;
+  j["unmaps"] = r.device_unmaps;
+  j["handle_creates"] = r.handle_creates;
+  j["handle_releases"] = r.handle_releases;
+  j["syncs"] = r.syncs;
+  if (!r.passes.empty()) {
+    Json passes = Json::array();
+    for (const replay::PassResult& p : r.passes) {
+      Json pass;
+      pass["peak_reserved"] = p.peak_reserved;
+      pass["device_allocs"] = p.device_allocs;
+      pass["device_frees"] = p.device_frees;
+      pass["maps"] = p.maps;
+      pass["unmaps"] = p.unmaps;
+      passes.push_back(std::move(pass));
+    }
+    j["passes"] = std::move(passes);
+  }
   j["ns_per_op"] = or_null(r.ns_per_op);
   j["device_ms"] = or_null(r.device_ms);
   j["error"] = r.error.empty() ? Json(nullptr) : Json(r.error);

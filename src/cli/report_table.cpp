@@ -29,6 +29,26 @@ std::string format_device_calls(const replay::Result& r) {
   return text;
 }
 
+/// With several passes: the device calls of the first pass and of the later ones together.
+std::string format_passes(const replay::Result& r) {
+  if (r.passes.empty()) return "";
+  replay::PassResult later;
+  for (std::size_t i = 1; i < r.passes.size(); ++i) {
+    later.device_allocs += r.passes[i].device_allocs;
+    later.device_frees += r.passes[i].device_frees;
+    later.maps += r.passes[i].maps;
+    later.unmaps += r.passes[i].unmaps;
+  }
+  const replay::PassResult& first = r.passes[0];
+  const std::string others =
+      r.passes.size() == 2 ? std::string("pass 2") : fmt::format("passes 2-{}", r.passes.size());
+  return fmt::format(
+      "{}{:<{}} pass 1: {} / {} +{}m/{}u; {}: {} / {} +{}m/{}u (allocs / frees, maps / "
+      "unmaps)\n",
+      kIndent, "", kPolicyWidth, first.device_allocs, first.device_frees, first.maps, first.unmaps,
+      others, later.device_allocs, later.device_frees, later.maps, later.unmaps);
+}
+
 std::string format_ns(const std::optional<double>& ns) {
   if (!ns) return "-";
   return *ns < 100 ? fmt::format("{:.1f}", *ns) : fmt::format("{:.0f}", *ns);
@@ -50,9 +70,11 @@ std::string format_row(const replay::Result& r, std::uint64_t peak_live) {
   }
   if (!r.error.empty())
     return out + fmt::format("{}{:<{}} error: {}\n", kIndent, label, kPolicyWidth, r.error);
-  return out + row_line(label, r.peak_reserved ? format_bytes(*r.peak_reserved) : "-",
-                        format_percent(r.overhead), format_ratio(r.min_capacity, peak_live),
-                        format_count(r.ooms), format_device_calls(r), format_ns(r.ns_per_op));
+  return out +
+         row_line(label, r.peak_reserved ? format_bytes(*r.peak_reserved) : "-",
+                  format_percent(r.overhead), format_ratio(r.min_capacity, peak_live),
+                  format_count(r.ooms), format_device_calls(r), format_ns(r.ns_per_op)) +
+         format_passes(r);
 }
 
 std::string format_block(const TraceResults& t) {

@@ -77,9 +77,13 @@ class Prober {
   }
 
  private:
+  /// Every pass (Options::repeat), stopping at the first out-of-memory.
   bool run(Replayer& replayer) {
     replayer.start(true);
-    if (replayer.measures().ooms == 0) replayer.replay(plan_.steps.size(), true, nullptr);
+    for (std::size_t pass = 0; pass < options_.repeat && replayer.measures().ooms == 0; ++pass) {
+      if (pass > 0) replayer.end_pass(true);
+      if (replayer.measures().ooms == 0) replayer.replay(plan_.steps.size(), true, nullptr);
+    }
     return replayer.measures().ooms == 0;
   }
 

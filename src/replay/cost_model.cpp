@@ -16,12 +16,21 @@ CostModel CostModel::defaults() {
   // found, so 1 us per MiB is assumed for both (a 1 GiB segment: ~1 ms to allocate).
   c.alloc_ns_per_mib = 1'000;
   c.free_ns_per_mib = 1'000;
-  // cuMemCreate + cuMemMap + cuMemSetAccess, and cuMemUnmap + cuMemRelease, per 2 MiB granule:
-  // PyTorch found their cost proportional to the number of physical chunks. Assumed.
-  c.map_ns = 20'000;
-  c.unmap_ns = 15'000;
+  // Virtual memory, from the A100 measurements in docs/cost-model.md (2 MiB pages, one thread):
+  // cuMemCreate 193 us per 2 MiB handle (the high end of the published 7.6-193 us), cuMemMap
+  // 1.45 us + cuMemSetAccess 36 us per mapped range, cuMemUnmap 25.6 us. cuMemRelease has no
+  // public figure: assumed at the lower unmap sample, 11.5 us per 2 MiB.
+  c.create_ns = kCreateNsHigh;
+  c.release_ns = 11'500;
+  c.map_ns = 37'450;
+  c.unmap_ns = 25'600;
   // cudaEventRecord / cudaEventQuery: 1.5-3.7 us on average in published nsys summaries.
   c.event_ns = 2'000;
+  // Synchronisations: the host's part of the call only (the replay runs no kernels, so there is
+  // nothing to wait for); assumed at two event calls, the device-wide one at four.
+  c.sync_stream_ns = 4'000;
+  c.sync_event_ns = 4'000;
+  c.sync_device_ns = 8'000;
   return c;
 }
 
@@ -31,8 +40,9 @@ double mib(std::size_t bytes) noexcept {
   return static_cast<double>(bytes) / static_cast<double>(MiB);
 }
 
-double granules(std::size_t bytes, std::size_t granularity) noexcept {
-  const std::size_t whole = (bytes + granularity - 1) / granularity;  // a partial one costs whole
+/// 2 MiB units of `bytes`, a partial one counting whole: the unit the handle prices are for.
+double pages(std::size_t bytes) noexcept {
+  const std::size_t whole = (bytes + 2 * MiB - 1) / (2 * MiB);
   return static_cast<double>(whole);
 }
 
@@ -46,12 +56,12 @@ double CostModel::free_size_ns(std::size_t bytes) const noexcept {
   return free_ns_per_mib * mib(bytes);
 }
 
-double CostModel::map_granules_ns(std::size_t bytes, std::size_t granularity) const noexcept {
-  return map_ns * granules(bytes, granularity);
+double CostModel::create_size_ns(std::size_t bytes) const noexcept {
+  return create_ns * pages(bytes);
 }
 
-double CostModel::unmap_granules_ns(std::size_t bytes, std::size_t granularity) const noexcept {
-  return unmap_ns * granules(bytes, granularity);
+double CostModel::release_size_ns(std::size_t bytes) const noexcept {
+  return release_ns * pages(bytes);
 }
 
 }  // namespace cistern::replay

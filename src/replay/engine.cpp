@@ -40,37 +40,66 @@ void fill(Result& r, const Replayer& replayer) {
   r.device_frees = calls.frees;
   r.device_maps = calls.maps;
   r.device_unmaps = calls.unmaps;
+  r.handle_creates = calls.creates;
+  r.handle_releases = calls.releases;
+  r.syncs = calls.syncs;
   r.device_ms = calls.ns / 1e6;
   if (m.allocator_calls > 0) r.ns_per_op = m.loop_ns / static_cast<double>(m.allocator_calls);
 }
 
 /// The allocator's segments when its reserved bytes first reach their peak: a second replay that
 /// stops at that event (replays are deterministic).
+/// With several passes, the first pass's peak.
 Snapshot snapshot_at_peak(const trace::Trace& trace, const Plan& plan, const Policy& policy,
-                          const Options& options, const Measures& first, std::string& note) {
+                          const Options& options, const Measures& first, std::uint64_t peak,
+                          std::string& note) {
   Replayer again(trace, plan, policy, options, options.capacity);
   again.start(false);
   if (first.peak_reserved_event != kAtStart) {
     again.replay(first.peak_reserved_event + 1, false, nullptr);
   }
-  if (again.allocator().reserved_bytes() != first.peak_reserved) {
+  if (again.allocator().reserved_bytes() != peak) {
     note = fmt::format(
         "the segment map holds {} reserved bytes, not the peak's {}: the replay "
         "was not deterministic",
-        again.allocator().reserved_bytes(), first.peak_reserved);
+        again.allocator().reserved_bytes(), peak);
   }
   return again.allocator().snapshot();
+}
+
+/// What the pass that just ended did: the calls since `before`.
+PassResult pass_result(const Replayer& replayer, const DeviceCalls& before, std::uint64_t peak) {
+  const DeviceCalls& now = replayer.device_calls();
+  PassResult pass;
+  pass.peak_reserved = peak;
+  pass.device_allocs = now.allocs - before.allocs;
+  pass.device_frees = now.frees - before.frees;
+  pass.maps = now.maps - before.maps;
+  pass.unmaps = now.unmaps - before.unmaps;
+  return pass;
 }
 
 /// The replay proper; throws on a trace the allocator rejects.
 void replay_into(Result& r, const trace::Trace& trace, const Plan& plan, const Policy& policy,
                  const Options& options) {
   Replayer replayer(trace, plan, policy, options, options.capacity);
+  DeviceCalls before;  // the first pass includes the start
   replayer.start(false);
   std::vector<std::uint64_t> reserved_after;
   if (options.timeline_points > 0) reserved_after.resize(plan.steps.size());
   replayer.replay(plan.steps.size(), false,
                   options.timeline_points > 0 ? &reserved_after : nullptr);
+  for (std::size_t pass = 1; pass < options.repeat; ++pass) {
+    // A pass's own clean-up (the frees and re-allocations of end_pass) belongs to it.
+    const std::uint64_t peak = replayer.measures().pass_peak_reserved;
+    replayer.end_pass(false);
+    r.passes.push_back(pass_result(replayer, before, peak));
+    before = replayer.device_calls();
+    replayer.replay(plan.steps.size(), false, nullptr);
+  }
+  if (options.repeat > 1) {
+    r.passes.push_back(pass_result(replayer, before, replayer.measures().pass_peak_reserved));
+  }
   fill(r, replayer);
   const Measures& m = replayer.measures();
   if (options.timeline_points > 0) {
@@ -78,7 +107,8 @@ void replay_into(Result& r, const trace::Trace& trace, const Plan& plan, const P
                                  m.peak_reserved_event);
   }
   if (options.segment_map_at_peak) {
-    r.segment_map = snapshot_at_peak(trace, plan, policy, options, m, r.note);
+    const std::uint64_t peak = r.passes.empty() ? m.peak_reserved : r.passes[0].peak_reserved;
+    r.segment_map = snapshot_at_peak(trace, plan, policy, options, m, peak, r.note);
   }
 }
 

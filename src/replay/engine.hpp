@@ -60,21 +60,30 @@ struct CostModel {
   double alloc_ns_per_mib = 0;  ///< cudaMalloc cost per MiB
   double free_ns = 0;           ///< cudaFree fixed cost (it also synchronises the device)
   double free_ns_per_mib = 0;
-  double map_ns = 0;    ///< cuMemCreate + cuMemMap + cuMemSetAccess per granule
-  double unmap_ns = 0;  ///< cuMemUnmap + cuMemRelease per granule
-  double event_ns = 0;  ///< record / query / wait
+  double create_ns = 0;       ///< cuMemCreate, per 2 MiB of the physical handle
+  double release_ns = 0;      ///< cuMemRelease, per 2 MiB of the physical handle
+  double map_ns = 0;          ///< cuMemMap + cuMemSetAccess, per call (one handle's range)
+  double unmap_ns = 0;        ///< cuMemUnmap, per call
+  double event_ns = 0;        ///< event record / query / stream wait
+  double sync_stream_ns = 0;  ///< cudaStreamSynchronize, the host's part (no work is modelled)
+  double sync_event_ns = 0;   ///< cudaEventSynchronize, the host's part
+  double sync_device_ns = 0;  ///< cudaDeviceSynchronize, the host's part
+  /// The published range of cuMemCreate per 2 MiB handle (docs/cost-model.md): the default
+  /// uses the high end; `--handle-create-us` chooses another figure.
+  static constexpr double kCreateNsLow = 7'600;
+  static constexpr double kCreateNsHigh = 193'000;
   /// The default, from published and measured figures.
   static CostModel defaults();
 
   /// The size-dependent parts of successful calls on `bytes` (every call also costs its fixed
-  /// part; a failed map or unmap costs map_ns or unmap_ns once): per MiB for cudaMalloc and
-  /// cudaFree, per granule of `granularity` bytes for map and unmap, a partial granule costing a
-  /// whole one. Every pricing of device calls (a policy's, the recording allocator's, a real
-  /// device's simulated figure) goes through these.
+  /// part; a failed call costs its fixed part, or one granule's price, once): per MiB for
+  /// cudaMalloc and cudaFree, per 2 MiB for creating and releasing physical memory, a partial
+  /// 2 MiB costing a whole one. Every pricing of device calls (a policy's, the recording
+  /// allocator's, a real device's simulated figure) goes through these.
   double alloc_size_ns(std::size_t bytes) const noexcept;
   double free_size_ns(std::size_t bytes) const noexcept;
-  double map_granules_ns(std::size_t bytes, std::size_t granularity) const noexcept;
-  double unmap_granules_ns(std::size_t bytes, std::size_t granularity) const noexcept;
+  double create_size_ns(std::size_t bytes) const noexcept;
+  double release_size_ns(std::size_t bytes) const noexcept;
 };
 
 /// What a replay measures and how.
@@ -87,6 +96,12 @@ struct Options {
   std::size_t timeline_points = 0;
   bool segment_map_at_peak = false;  ///< snapshot the allocator at its peak reserved
   CostModel costs = CostModel::defaults();
+  /// Replays of the window in a row (`cistern replay --repeat N`): after each pass the
+  /// allocations the window left live are freed and the blocks live before the window that it
+  /// freed are allocated again, so that every pass starts from the same live set. Figures cover
+  /// all passes; `Result::passes` has each one's. The timeline and the segment map are the first
+  /// pass's; min_capacity is the smallest device on which every pass runs.
+  std::size_t repeat = 1;
 };
 
 /// One point of a memory timeline.
@@ -95,6 +110,15 @@ struct TimelinePoint {
   std::int64_t time = 0;       ///< the event's recorded time
   std::uint64_t live = 0;      ///< live requested bytes
   std::uint64_t reserved = 0;  ///< the allocator's reserved bytes
+};
+
+/// What one pass over the window did (`Options::repeat` > 1): its own peak and device calls.
+struct PassResult {
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t device_allocs = 0;
+  std::uint64_t device_frees = 0;
+  std::uint64_t maps = 0;
+  std::uint64_t unmaps = 0;
 };
 
 /// The measurements of one replay (a row of `cistern replay --json`).
@@ -114,8 +138,13 @@ struct Result {
   // blocks live before the window included, a warm start's placement of the recorded cache not.
   std::uint64_t device_allocs = 0;
   std::uint64_t device_frees = 0;
-  std::uint64_t device_maps = 0;
-  std::uint64_t device_unmaps = 0;
+  std::uint64_t device_maps = 0;      ///< map calls (cuMemMap)
+  std::uint64_t device_unmaps = 0;    ///< unmap calls (cuMemUnmap)
+  std::uint64_t handle_creates = 0;   ///< physical handles created (cuMemCreate)
+  std::uint64_t handle_releases = 0;  ///< physical handles released (cuMemRelease)
+  /// Host waits the allocator made: stream, event and device synchronisations.
+  std::uint64_t syncs = 0;
+  std::vector<PassResult> passes;  ///< one per pass when Options::repeat > 1
   /// Allocator host time per alloc/free: the timed event loop over the calls made (with
   /// check_invariants, the checks are in it too).
   std::optional<double> ns_per_op;

@@ -1,12 +1,12 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// MeteredDevice: forwarding, counting and pricing (see metered_device.hpp).
+// MeteredDevice: counting and pricing (see metered_device.hpp).
 #include "replay/metered_device.hpp"
 
 namespace cistern::replay::detail {
 
-MeteredDevice::MeteredDevice(SimDevice& device, const CostModel& costs)
-    : device_(device), costs_(costs) {}
+MeteredDevice::MeteredDevice(Device& upstream, const CostModel& costs)
+    : ForwardingDevice(upstream), costs_(costs) {}
 
 void MeteredDevice::note_segment(std::uintptr_t address, std::size_t bytes) {
   segment_bytes_[address] = bytes;
@@ -15,7 +15,7 @@ void MeteredDevice::note_segment(std::uintptr_t address, std::size_t bytes) {
 // --- segments -----------------------------------------------------------------------------------------
 
 Status MeteredDevice::allocate(std::size_t bytes, void** ptr) noexcept {
-  const Status status = device_.allocate(bytes, ptr);
+  const Status status = upstream().allocate(bytes, ptr);
   calls_.ns += costs_.alloc_ns;
   if (status != Status::ok) return status;
   ++calls_.allocs;
@@ -29,7 +29,7 @@ Status MeteredDevice::allocate(std::size_t bytes, void** ptr) noexcept {
 }
 
 Status MeteredDevice::deallocate(void* ptr) noexcept {
-  const Status status = device_.deallocate(ptr);
+  const Status status = upstream().deallocate(ptr);
   calls_.ns += costs_.free_ns;
   if (status != Status::ok) return status;
   ++calls_.frees;
@@ -41,79 +41,107 @@ Status MeteredDevice::deallocate(void* ptr) noexcept {
   return status;
 }
 
-// --- virtual memory: priced per granule at map and unmap, where the model puts the cost -------------
+// --- virtual memory: handles priced by their size, maps and unmaps per call ---------------------------
+// Reserving and releasing address space are counted, not priced (docs/cost-model.md).
+
+Status MeteredDevice::reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept {
+  const Status status = upstream().reserve(bytes, alignment, va);
+  if (status == Status::ok) ++calls_.reserves;
+  return status;
+}
+
+Status MeteredDevice::release_reservation(void* va, std::size_t bytes) noexcept {
+  const Status status = upstream().release_reservation(va, bytes);
+  if (status == Status::ok) ++calls_.unreserves;
+  return status;
+}
+
+Status MeteredDevice::create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept {
+  const Status status = upstream().create_physical(bytes, handle);
+  if (status != Status::ok) {
+    calls_.ns += costs_.create_ns;
+    return status;
+  }
+  ++calls_.creates;
+  calls_.ns += costs_.create_size_ns(bytes);
+  try {
+    handle_bytes_[handle->handle] = bytes;
+  } catch (...) {
+    // Out of host memory: the release will be priced as one 2 MiB page.
+  }
+  return status;
+}
+
+Status MeteredDevice::release_physical(PhysicalHandle handle) noexcept {
+  const Status status = upstream().release_physical(handle);
+  if (status != Status::ok) {
+    calls_.ns += costs_.release_ns;
+    return status;
+  }
+  ++calls_.releases;
+  const auto it = handle_bytes_.find(handle.handle);
+  if (it == handle_bytes_.end()) {
+    calls_.ns += costs_.release_ns;
+  } else {
+    calls_.ns += costs_.release_size_ns(it->second);
+    handle_bytes_.erase(it);
+  }
+  return status;
+}
 
 Status MeteredDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
                           std::size_t offset) noexcept {
-  const Status status = device_.map(va, bytes, handle, offset);
-  if (status != Status::ok) {
-    calls_.ns += costs_.map_ns;
-    return status;
-  }
-  ++calls_.maps;
-  calls_.ns += costs_.map_granules_ns(bytes, device_.granularity());
+  const Status status = upstream().map(va, bytes, handle, offset);
+  calls_.ns += costs_.map_ns;
+  if (status == Status::ok) ++calls_.maps;
   return status;
 }
 
 Status MeteredDevice::unmap(void* va, std::size_t bytes) noexcept {
-  const Status status = device_.unmap(va, bytes);
-  if (status != Status::ok) {
-    calls_.ns += costs_.unmap_ns;
-    return status;
-  }
-  ++calls_.unmaps;
-  calls_.ns += costs_.unmap_granules_ns(bytes, device_.granularity());
+  const Status status = upstream().unmap(va, bytes);
+  calls_.ns += costs_.unmap_ns;
+  if (status == Status::ok) ++calls_.unmaps;
   return status;
 }
 
-Status MeteredDevice::reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept {
-  return device_.reserve(bytes, alignment, va);
-}
-Status MeteredDevice::release_reservation(void* va, std::size_t bytes) noexcept {
-  return device_.release_reservation(va, bytes);
-}
-Status MeteredDevice::create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept {
-  return device_.create_physical(bytes, handle);
-}
-Status MeteredDevice::release_physical(PhysicalHandle handle) noexcept {
-  return device_.release_physical(handle);
-}
+// --- events and synchronisations ------------------------------------------------------------------------
 
-// --- events: one price for record, query, wait and host wait ------------------------------------------
-
-Status MeteredDevice::event_call(Status status) noexcept {
-  calls_.ns += costs_.event_ns;
+Status MeteredDevice::event_call(Status status, double ns) noexcept {
+  calls_.ns += ns;
+  if (status == Status::ok || status == Status::not_ready) ++calls_.events;
   return status;
 }
 
+Status MeteredDevice::sync_call(Status status, double ns) noexcept {
+  calls_.ns += ns;
+  if (status == Status::ok) ++calls_.syncs;
+  return status;
+}
+
+// Creating and destroying an event are counted but not priced (pooled by the allocators).
+Status MeteredDevice::create_event(Event* event) noexcept {
+  return event_call(upstream().create_event(event), 0);
+}
+Status MeteredDevice::destroy_event(Event event) noexcept {
+  return event_call(upstream().destroy_event(event), 0);
+}
 Status MeteredDevice::record_event(Event event, Stream stream) noexcept {
-  return event_call(device_.record_event(event, stream));
+  return event_call(upstream().record_event(event, stream), costs_.event_ns);
 }
 Status MeteredDevice::query_event(Event event) noexcept {
-  return event_call(device_.query_event(event));
-}
-Status MeteredDevice::synchronize_event(Event event) noexcept {
-  return event_call(device_.synchronize_event(event));
+  return event_call(upstream().query_event(event), costs_.event_ns);
 }
 Status MeteredDevice::stream_wait_event(Stream stream, Event event) noexcept {
-  return event_call(device_.stream_wait_event(stream, event));
+  return event_call(upstream().stream_wait_event(stream, event), costs_.event_ns);
 }
-Status MeteredDevice::create_event(Event* event) noexcept { return device_.create_event(event); }
-Status MeteredDevice::destroy_event(Event event) noexcept { return device_.destroy_event(event); }
-
-// --- the rest is forwarded unpriced ----------------------------------------------------------------------
-
-int MeteredDevice::index() const noexcept { return device_.index(); }
-std::string MeteredDevice::name() const { return device_.name(); }
-std::size_t MeteredDevice::granularity() const noexcept { return device_.granularity(); }
-Status MeteredDevice::memory_info(MemoryInfo* info) noexcept { return device_.memory_info(info); }
-std::string MeteredDevice::last_error() const { return device_.last_error(); }
-bool MeteredDevice::supports_virtual_memory() const noexcept {
-  return device_.supports_virtual_memory();
+Status MeteredDevice::synchronize_event(Event event) noexcept {
+  return sync_call(upstream().synchronize_event(event), costs_.sync_event_ns);
 }
 Status MeteredDevice::synchronize_stream(Stream stream) noexcept {
-  return device_.synchronize_stream(stream);
+  return sync_call(upstream().synchronize_stream(stream), costs_.sync_stream_ns);
 }
-Status MeteredDevice::synchronize_device() noexcept { return device_.synchronize_device(); }
+Status MeteredDevice::synchronize_device() noexcept {
+  return sync_call(upstream().synchronize_device(), costs_.sync_device_ns);
+}
 
 }  // namespace cistern::replay::detail

@@ -1,38 +1,45 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// MeteredDevice: an adaptor over the replay's SimDevice that counts the device calls an
-// allocator makes and prices them with the cost model (the "simulated device time" figure).
+// MeteredDevice: an adaptor over the replay's device that counts the device calls an allocator
+// makes and prices them with the cost model (the "simulated device time" figure).
 //
 // The allocator under test is built over the adaptor, so that exactly its own calls are metered:
 // the engine's program calls (a trace's synchronize events) and a warm start's placement of the
-// recorded cache go to the SimDevice directly and cost nothing here. Every call is forwarded
-// unchanged; the adaptor only watches. Failed calls are priced at their fixed cost (a failed
-// cudaMalloc still takes the driver's time) and are not counted as calls made.
+// recorded cache go to the device directly and cost nothing here. Every call is forwarded
+// unchanged (ForwardingDevice); the adaptor only watches the calls that cost something: segments,
+// physical handles, mappings, events and synchronisations. Failed calls are priced at their fixed
+// cost (a failed cudaMalloc still takes the driver's time) and are not counted as calls made.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <unordered_map>
 
-#include "cistern/sim_device.hpp"
 #include "replay/engine.hpp"
+#include "replay/forwarding_device.hpp"
 
 namespace cistern::replay::detail {
 
-/// Successful segment calls of an allocator, and their simulated cost.
+/// Successful calls of an allocator, and their simulated cost.
 struct DeviceCalls {
-  std::uint64_t allocs = 0;
-  std::uint64_t frees = 0;
-  std::uint64_t maps = 0;
-  std::uint64_t unmaps = 0;
-  double ns = 0;  ///< simulated time of every metered call, failed ones included
+  std::uint64_t allocs = 0;      ///< segments obtained (cudaMalloc)
+  std::uint64_t frees = 0;       ///< segments returned (cudaFree)
+  std::uint64_t reserves = 0;    ///< address ranges reserved (cuMemAddressReserve)
+  std::uint64_t unreserves = 0;  ///< address ranges released (cuMemAddressFree)
+  std::uint64_t creates = 0;     ///< physical handles created (cuMemCreate)
+  std::uint64_t releases = 0;    ///< physical handles released (cuMemRelease)
+  std::uint64_t maps = 0;        ///< map calls
+  std::uint64_t unmaps = 0;      ///< unmap calls
+  std::uint64_t events = 0;      ///< event create, destroy, record, query and stream waits
+  std::uint64_t syncs = 0;       ///< stream, event and device synchronisations
+  double ns = 0;                 ///< simulated time of every metered call, failed ones included
 };
 
 /// See the file comment. Not thread-safe for counting: one replay, one thread.
-class MeteredDevice final : public Device {
+class MeteredDevice final : public ForwardingDevice {
  public:
-  MeteredDevice(SimDevice& device, const CostModel& costs);
+  /// Meters the calls made to it, forwarding them to `upstream`.
+  MeteredDevice(Device& upstream, const CostModel& costs);
 
   /// What has been metered so far.
   const DeviceCalls& calls() const noexcept { return calls_; }
@@ -40,14 +47,8 @@ class MeteredDevice final : public Device {
   /// recorded cache), so that its later free is priced by its size.
   void note_segment(std::uintptr_t address, std::size_t bytes);
 
-  int index() const noexcept override;
-  std::string name() const override;
-  std::size_t granularity() const noexcept override;
-  Status memory_info(MemoryInfo* info) noexcept override;
-  std::string last_error() const override;
   Status allocate(std::size_t bytes, void** ptr) noexcept override;
   Status deallocate(void* ptr) noexcept override;
-  bool supports_virtual_memory() const noexcept override;
   Status reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept override;
   Status release_reservation(void* va, std::size_t bytes) noexcept override;
   Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept override;
@@ -65,12 +66,13 @@ class MeteredDevice final : public Device {
   Status synchronize_device() noexcept override;
 
  private:
-  Status event_call(Status status) noexcept;
+  Status event_call(Status status, double ns) noexcept;
+  Status sync_call(Status status, double ns) noexcept;
 
-  SimDevice& device_;
   CostModel costs_;
   DeviceCalls calls_;
   std::unordered_map<std::uintptr_t, std::size_t> segment_bytes_;  // live segments by address
+  std::unordered_map<std::uint64_t, std::size_t> handle_bytes_;    // live handles by handle
 };
 
 }  // namespace cistern::replay::detail

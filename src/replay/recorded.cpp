@@ -40,10 +40,9 @@ std::vector<std::uint64_t> recorded_reserved(const trace::Trace& trace) {
   return after;
 }
 
-/// The recording allocator's granularity: the CUDA driver's 2 MiB.
-constexpr std::size_t kRecordedGranularity = 2 * MiB;
-
 /// Counts and prices the recorded segment events as the engine prices a policy's device calls.
+/// An expandable segment's segment_map is priced as the creation of its bytes of physical
+/// memory and one map of the range; its segment_unmap as one unmap and the release of the bytes.
 void count_device_calls(const trace::Trace& trace, const CostModel& costs, Result& r) {
   double ns = 0;
   for (const trace::RecordedSegmentEvent& s : trace.recorded.segment_events) {
@@ -58,11 +57,11 @@ void count_device_calls(const trace::Trace& trace, const CostModel& costs, Resul
         break;
       case Kind::map:
         ++r.device_maps;
-        ns += costs.map_granules_ns(s.size, kRecordedGranularity);
+        ns += costs.map_ns + costs.create_size_ns(s.size);
         break;
       case Kind::unmap:
         ++r.device_unmaps;
-        ns += costs.unmap_granules_ns(s.size, kRecordedGranularity);
+        ns += costs.unmap_ns + costs.release_size_ns(s.size);
         break;
     }
   }

@@ -18,34 +18,50 @@ namespace {
 
 using trace::Op;
 
-SimDeviceOptions device_options(const trace::Trace& trace, std::uint64_t capacity) {
+std::unique_ptr<SimDevice> make_device(const trace::Trace& trace, std::uint64_t capacity) {
   SimDeviceOptions o;
   o.capacity = static_cast<std::size_t>(capacity);
   o.index = trace.device;
-  return o;
+  return std::make_unique<SimDevice>(o);
 }
 
-/// Stream index 0 is the program's default stream when it was recorded as handle 0; every other
-/// recorded stream becomes a simulated stream of its own.
-std::vector<Stream> map_streams(const trace::Trace& trace, SimDevice& device) {
-  std::vector<Stream> streams;
-  streams.reserve(trace.streams.size());
-  for (std::size_t i = 0; i < trace.streams.size(); ++i) {
-    streams.push_back(i == 0 && trace.streams[0] == 0 ? default_stream : device.create_stream());
-  }
-  return streams;
+/// The rig of a replay on its own SimDevice.
+Rig simulated(const trace::Trace& trace, SimDevice& device) {
+  Rig rig;
+  rig.device = rig.below_meter = rig.sim = &device;
+  rig.streams = map_streams(trace, [&device] { return device.create_stream(); });
+  return rig;
 }
 
 }  // namespace
 
+std::vector<Stream> map_streams(const trace::Trace& trace, const std::function<Stream()>& create) {
+  std::vector<Stream> streams;
+  streams.reserve(trace.streams.size());
+  for (std::size_t i = 0; i < trace.streams.size(); ++i) {
+    streams.push_back(i == 0 && trace.streams[0] == 0 ? default_stream : create());
+  }
+  return streams;
+}
+
 Replayer::Replayer(const trace::Trace& trace, const Plan& plan, const Policy& policy,
-                   const Options& options, std::uint64_t capacity)
+                   const Options& options, std::uint64_t capacity, LoopHooks* hooks)
+    : Replayer(trace, plan, policy, options, Rig{}, hooks, make_device(trace, capacity)) {}
+
+Replayer::Replayer(const trace::Trace& trace, const Plan& plan, const Policy& policy,
+                   const Options& options, Rig rig, LoopHooks* hooks)
+    : Replayer(trace, plan, policy, options, std::move(rig), hooks, nullptr) {}
+
+Replayer::Replayer(const trace::Trace& trace, const Plan& plan, const Policy& policy,
+                   const Options& options, Rig rig, LoopHooks* hooks,
+                   std::unique_ptr<SimDevice> own)
     : trace_(trace),
       plan_(plan),
-      device_(device_options(trace, capacity)),
-      meter_(device_, options.costs),
+      own_device_(std::move(own)),
+      rig_(own_device_ ? simulated(trace, *own_device_) : std::move(rig)),
+      meter_(*rig_.below_meter, options.costs),
+      hooks_(hooks),
       allocator_(policy.make(meter_)),
-      streams_(map_streams(trace, device_)),
       pointers_(plan.slots, nullptr),
       warm_(options.start == Start::warm) {
   // The planned policy knows a lifetime list's future: it plans the whole list before the start.
@@ -72,7 +88,9 @@ void Replayer::start(bool stop_at_oom) {
 
 void Replayer::start_cold(bool stop_at_oom) {
   for (const Step& step : plan_.start) {
-    if (!try_allocate(step) && stop_at_oom) return;
+    const bool served = hooks_ != nullptr ? try_allocate<true>(kAtStart, step)
+                                          : try_allocate<false>(kAtStart, step);
+    if (!served && stop_at_oom) return;
   }
 }
 
@@ -83,7 +101,10 @@ void Replayer::start_warm() {
   if (warm == nullptr) {
     throw InvalidArgument("replay: the allocator of this policy does not implement WarmStart");
   }
-  const WarmStartResult placed = apply_warm_start(trace_, *warm, device_, streams_);
+  if (rig_.sim == nullptr) {
+    throw InvalidArgument("replay: a warm start needs the simulated device");
+  }
+  const WarmStartResult placed = apply_warm_start(trace_, *warm, *rig_.sim, rig_.streams);
   for (std::size_t i = 0; i < placed.live.size() && i < plan_.slot_of_live_before.size(); ++i) {
     pointers_[plan_.slot_of_live_before[i]] = placed.live[i].second;
   }
@@ -95,30 +116,40 @@ void Replayer::start_warm() {
 // --- the loop --------------------------------------------------------------------------------------------
 
 // Returns false if the allocation failed for want of memory (counted; its free will be skipped).
-bool Replayer::try_allocate(const Step& step) {
+template <bool kHooks>
+bool Replayer::try_allocate(std::size_t event, const Step& step) {
+  const Stream stream = rig_.streams[step.stream];
   try {
-    pointers_[step.slot] = allocator_->allocate(step.size, streams_[step.stream]);
+    void* const ptr = allocator_->allocate(step.size, stream);
+    pointers_[step.slot] = ptr;
+    if constexpr (kHooks) hooks_->allocated(event, step, ptr, stream);
     return true;
-  } catch (const OutOfMemory&) {
+  } catch (const OutOfMemory& e) {
     pointers_[step.slot] = nullptr;
     ++measures_.ooms;
+    if constexpr (kHooks) hooks_->out_of_memory(event, step, e, stream);
     return false;
   }
 }
 
 // One event. Returns false if it was an allocation that failed.
-bool Replayer::play(const Step& step) {
+template <bool kHooks>
+bool Replayer::play(std::size_t event, const Step& step) {
   switch (step.op) {
-    case Op::alloc: ++measures_.allocator_calls; return try_allocate(step);
+    case Op::alloc: ++measures_.allocator_calls; return try_allocate<kHooks>(event, step);
     case Op::free:
       // A free of an allocation that failed (or of 0 bytes) has nothing to free.
       if (void* p = pointers_[step.slot]) {
+        const Stream stream = rig_.streams[step.stream];
+        if constexpr (kHooks) {
+          if (!hooks_->freeing(event, step, p, stream)) return true;
+        }
         ++measures_.allocator_calls;
-        allocator_->deallocate(p, streams_[step.stream]);
+        allocator_->deallocate(p, stream);
         pointers_[step.slot] = nullptr;
       }
       return true;
-    case Op::synchronize: device_.synchronize_device(); return true;
+    case Op::synchronize: (void)rig_.device->synchronize_device(); return true;
     case Op::empty_cache: allocator_->empty_cache(); return true;
   }
   return true;
@@ -126,11 +157,30 @@ bool Replayer::play(const Step& step) {
 
 std::uint64_t Replayer::sample(std::size_t event) {
   const std::uint64_t reserved = allocator_->reserved_bytes();
+  if (reserved > measures_.pass_peak_reserved) measures_.pass_peak_reserved = reserved;
   if (reserved > measures_.peak_reserved) {
     measures_.peak_reserved = reserved;
-    measures_.peak_reserved_event = event;
+    if (measures_.pass == 0) measures_.peak_reserved_event = event;
   }
   return reserved;
+}
+
+template <bool kHooks>
+void Replayer::loop(std::size_t& i, std::size_t end, bool stop_at_oom,
+                    std::vector<std::uint64_t>* reserved_after) {
+  while (i < end) {
+    if constexpr (kHooks) hooks_->before_event(i);
+    const bool served = play<kHooks>(i, plan_.steps[i]);
+    const std::uint64_t reserved = sample(i);
+    if (reserved_after != nullptr) (*reserved_after)[i] = reserved;
+    if (checked_ != nullptr) checked_->check();
+    if (checked_torch_ != nullptr) checked_torch_->check();
+    ++i;
+    if (!served && stop_at_oom) break;
+  }
+  if constexpr (kHooks) {
+    if (i == plan_.steps.size()) hooks_->before_event(i);
+  }
 }
 
 void Replayer::replay(std::size_t end, bool stop_at_oom,
@@ -139,17 +189,14 @@ void Replayer::replay(std::size_t end, bool stop_at_oom,
   std::size_t i = measures_.events_done;
   const Clock::time_point began = Clock::now();
   try {
-    while (i < end) {
-      const bool served = play(plan_.steps[i]);
-      const std::uint64_t reserved = sample(i);
-      if (reserved_after != nullptr) (*reserved_after)[i] = reserved;
-      if (checked_ != nullptr) checked_->check();
-      if (checked_torch_ != nullptr) checked_torch_->check();
-      ++i;
-      if (!served && stop_at_oom) break;
+    if (hooks_ != nullptr) {
+      loop<true>(i, end, stop_at_oom, reserved_after);
+    } else {
+      loop<false>(i, end, stop_at_oom, reserved_after);
     }
   } catch (const std::exception& e) {
     measures_.events_done = i;
+    if (i >= trace_.events.size()) throw;  // a hook's work after the last event
     const trace::Event& event = trace_.events[i];
     throw Error(fmt::format("events[{}] ({} of id {}, {} bytes): {}", i, trace::to_string(event.op),
                             event.id, event.size, e.what()));
@@ -157,6 +204,57 @@ void Replayer::replay(std::size_t end, bool stop_at_oom,
   const Clock::duration elapsed = Clock::now() - began;
   measures_.loop_ns += std::chrono::duration<double, std::nano>(elapsed).count();
   measures_.events_done = i;
+}
+
+// --- between passes and after the last -------------------------------------------------------------
+
+std::vector<std::uint16_t> Replayer::allocation_streams() const {
+  std::vector<std::uint16_t> streams(pointers_.size(), 0);
+  for (const Step& step : plan_.start) streams[step.slot] = step.stream;
+  for (const Step& step : plan_.steps) {
+    if (step.op == Op::alloc) streams[step.slot] = step.stream;
+  }
+  return streams;
+}
+
+void Replayer::free_all(bool keep_start) {
+  std::vector<char> start(keep_start ? pointers_.size() : 0, 0);
+  for (const Step& step : plan_.start) {
+    if (keep_start) start[step.slot] = 1;
+  }
+  const std::vector<std::uint16_t> streams = allocation_streams();
+  for (std::size_t slot = 0; slot < pointers_.size(); ++slot) {
+    if (pointers_[slot] == nullptr || (keep_start && start[slot] != 0)) continue;
+    void* const ptr = pointers_[slot];
+    pointers_[slot] = nullptr;
+    allocator_->deallocate(ptr, rig_.streams[streams[slot]]);
+  }
+}
+
+void Replayer::end_pass(bool stop_at_oom) {
+  free_all(true);
+  for (const Step& step : plan_.start) {
+    if (pointers_[step.slot] != nullptr) continue;
+    const bool served = hooks_ != nullptr ? try_allocate<true>(kAtStart, step)
+                                          : try_allocate<false>(kAtStart, step);
+    if (!served && stop_at_oom) break;
+  }
+  ++measures_.pass;
+  measures_.events_done = 0;
+  measures_.pass_peak_reserved = 0;
+  sample(kAtStart);
+}
+
+void Replayer::release_all() {
+  free_all(false);
+  allocator_->empty_cache();
+}
+
+void Replayer::free_slot(std::uint32_t slot, Stream stream) {
+  void* const ptr = pointers_[slot];
+  if (ptr == nullptr) return;
+  pointers_[slot] = nullptr;
+  allocator_->deallocate(ptr, stream);
 }
 
 }  // namespace cistern::replay::detail

@@ -1,0 +1,355 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The replay's device adaptors and passes: ForwardingDevice and MeteredDevice honour the device
+// contract (the conformance suite through them), the meter counts and prices every call an
+// allocator can make - checked with a small page-mapping allocator of this file and with the
+// classic CachingAllocator - and `Options::repeat` replays the window pass after pass with each
+// pass's own figures.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "cistern/caching_allocator.hpp"
+#include "cistern/sim_device.hpp"
+#include "device_conformance.hpp"
+#include "replay/engine.hpp"
+#include "replay/forwarding_device.hpp"
+#include "replay/metered_device.hpp"
+#include "trace/readers.hpp"
+
+namespace cistern {
+namespace {
+
+using replay::CostModel;
+using replay::ForwardingDevice;
+using replay::detail::DeviceCalls;
+using replay::detail::MeteredDevice;
+
+SimDeviceOptions small_sim() {
+  SimDeviceOptions options;
+  options.capacity = 64 * MiB;
+  return options;
+}
+
+/// A SimDevice seen through a meter and a plain forwarder: every call crosses both adaptors.
+class ThroughAdaptors final : public ForwardingDevice {
+ public:
+  explicit ThroughAdaptors(std::unique_ptr<SimDevice> sim)
+      : ForwardingDevice(*sim), sim_(std::move(sim)) {}
+  SimDevice& sim() { return *sim_; }
+
+ private:
+  std::unique_ptr<SimDevice> sim_;
+};
+
+/// The meter sits between the forwarder and the SimDevice.
+class MeteredStack final : public ForwardingDevice {
+ public:
+  explicit MeteredStack(std::unique_ptr<SimDevice> sim, std::unique_ptr<MeteredDevice> meter)
+      : ForwardingDevice(static_cast<Device&>(*meter)),
+        sim_(std::move(sim)),
+        meter_(std::move(meter)) {}
+  static std::unique_ptr<MeteredStack> make() {
+    auto sim = std::make_unique<SimDevice>(small_sim());
+    auto meter = std::make_unique<MeteredDevice>(*sim, CostModel::defaults());
+    return std::make_unique<MeteredStack>(std::move(sim), std::move(meter));
+  }
+  SimDevice& sim() { return *sim_; }
+
+ private:
+  std::unique_ptr<SimDevice> sim_;
+  std::unique_ptr<MeteredDevice> meter_;
+};
+
+}  // namespace
+
+namespace conformance {
+
+struct ForwardingFactory {
+  static bool available() { return true; }
+  static std::unique_ptr<Device> make() {
+    return std::make_unique<ThroughAdaptors>(std::make_unique<SimDevice>(small_sim()));
+  }
+  static Stream make_stream(Device& device) {
+    return static_cast<ThroughAdaptors&>(device).sim().create_stream();
+  }
+  static void destroy_stream(Device&, Stream) {}
+};
+
+struct MeteredFactory {
+  static bool available() { return true; }
+  static std::unique_ptr<Device> make() { return MeteredStack::make(); }
+  static Stream make_stream(Device& device) {
+    return static_cast<MeteredStack&>(device).sim().create_stream();
+  }
+  static void destroy_stream(Device&, Stream) {}
+};
+
+INSTANTIATE_TYPED_TEST_SUITE_P(Forwarding, DeviceConformance, ::testing::Types<ForwardingFactory>);
+INSTANTIATE_TYPED_TEST_SUITE_P(Metered, DeviceConformance, ::testing::Types<MeteredFactory>);
+
+}  // namespace conformance
+
+namespace {
+
+/// Prices every kind of call differently, so that a sum names which calls were priced.
+CostModel distinct_costs() {
+  CostModel c;
+  c.alloc_ns = 1;
+  c.free_ns = 2;
+  c.create_ns = 10;
+  c.release_ns = 20;
+  c.map_ns = 100;
+  c.unmap_ns = 200;
+  c.event_ns = 1000;
+  c.sync_stream_ns = 10'000;
+  c.sync_event_ns = 20'000;
+  c.sync_device_ns = 40'000;
+  return c;
+}
+
+/// A minimal page allocator over the device contract: each request gets its own address range,
+/// backed by one physical handle per 2 MiB page, each mapped on its own; a free waits for the
+/// request's stream, then unmaps and releases every page.
+class PageAllocator {
+ public:
+  explicit PageAllocator(Device& device) : device_(device) {}
+
+  void* allocate(std::size_t pages, Stream stream) {
+    const std::size_t page = device_.granularity();
+    Request r{nullptr, pages, stream, {}};
+    EXPECT_EQ(device_.reserve(pages * page, 0, &r.va), Status::ok);
+    for (std::size_t i = 0; i < pages; ++i) {
+      PhysicalHandle handle;
+      EXPECT_EQ(device_.create_physical(page, &handle), Status::ok);
+      EXPECT_EQ(device_.map(static_cast<char*>(r.va) + i * page, page, handle, 0), Status::ok);
+      r.handles.push_back(handle);
+    }
+    requests_.push_back(r);
+    return r.va;
+  }
+
+  void free(void* va) {
+    for (auto it = requests_.begin(); it != requests_.end(); ++it) {
+      if (it->va != va) continue;
+      const std::size_t page = device_.granularity();
+      EXPECT_EQ(device_.synchronize_stream(it->stream), Status::ok);
+      for (std::size_t i = 0; i < it->pages; ++i) {
+        EXPECT_EQ(device_.unmap(static_cast<char*>(va) + i * page, page), Status::ok);
+        EXPECT_EQ(device_.release_physical(it->handles[i]), Status::ok);
+      }
+      EXPECT_EQ(device_.release_reservation(va, it->pages * page), Status::ok);
+      requests_.erase(it);
+      return;
+    }
+    ADD_FAILURE() << "free of an unknown range";
+  }
+
+ private:
+  struct Request {
+    void* va;
+    std::size_t pages;
+    Stream stream;
+    std::vector<PhysicalHandle> handles;
+  };
+  Device& device_;
+  std::vector<Request> requests_;
+};
+
+TEST(MeteredDevice, CountsAndPricesEveryCallOfAPageAllocator) {
+  SimDevice sim(small_sim());
+  MeteredDevice meter(sim, distinct_costs());
+  PageAllocator pages(meter);
+  const Stream stream = sim.create_stream();
+  void* a = pages.allocate(3, stream);
+  void* b = pages.allocate(2, default_stream);
+  pages.free(a);
+  pages.free(b);
+  Event event;
+  ASSERT_EQ(meter.create_event(&event), Status::ok);
+  ASSERT_EQ(meter.record_event(event, stream), Status::ok);
+  ASSERT_EQ(meter.query_event(event), Status::ok);
+  ASSERT_EQ(meter.stream_wait_event(default_stream, event), Status::ok);
+  ASSERT_EQ(meter.synchronize_event(event), Status::ok);
+  ASSERT_EQ(meter.destroy_event(event), Status::ok);
+  ASSERT_EQ(meter.synchronize_device(), Status::ok);
+
+  const DeviceCalls& calls = meter.calls();
+  EXPECT_EQ(calls.allocs, 0u);
+  EXPECT_EQ(calls.frees, 0u);
+  EXPECT_EQ(calls.reserves, 2u);
+  EXPECT_EQ(calls.unreserves, 2u);
+  EXPECT_EQ(calls.creates, 5u);
+  EXPECT_EQ(calls.releases, 5u);
+  EXPECT_EQ(calls.maps, 5u);
+  EXPECT_EQ(calls.unmaps, 5u);
+  EXPECT_EQ(calls.events, 5u);  // create, record, query, wait, destroy
+  EXPECT_EQ(calls.syncs, 4u);   // two streams, one event, the device
+  // Handles per 2 MiB page, maps and unmaps per call, events at event_ns (create and destroy
+  // free), each synchronisation at its own price.
+  EXPECT_DOUBLE_EQ(calls.ns,
+                   5 * 10 + 5 * 20 + 5 * 100 + 5 * 200 + 3 * 1000 + 2 * 10'000 + 20'000 + 40'000);
+  EXPECT_EQ(sim.used_bytes(), 0u);
+}
+
+TEST(MeteredDevice, PricesAHandleByItsPagesAndAFailedCallOnce) {
+  SimDevice sim(small_sim());
+  MeteredDevice meter(sim, distinct_costs());
+  PhysicalHandle handle;
+  ASSERT_EQ(meter.create_physical(6 * MiB, &handle), Status::ok);  // three 2 MiB pages
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 3 * 10);
+  ASSERT_EQ(meter.release_physical(handle), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 3 * 10 + 3 * 20);
+  PhysicalHandle too_big;
+  EXPECT_EQ(meter.create_physical(128 * MiB, &too_big), Status::out_of_memory);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 3 * 10 + 3 * 20 + 10);
+  EXPECT_EQ(meter.calls().creates, 1u);
+  EXPECT_EQ(meter.calls().releases, 1u);
+}
+
+TEST(MeteredDevice, CountsTheClassicAllocatorsSegmentsAndEvents) {
+  SimDevice sim(small_sim());
+  MeteredDevice meter(sim, distinct_costs());
+  const Stream other = sim.create_stream();
+  {
+    CachingAllocator alloc(meter);
+    void* p = alloc.allocate(1000, default_stream);
+    alloc.record_stream(p, other);  // the free must wait for `other`: an event is recorded
+    alloc.deallocate(p, default_stream);
+    alloc.empty_cache();
+  }
+  const DeviceCalls& calls = meter.calls();
+  EXPECT_EQ(calls.allocs, 1u);
+  EXPECT_EQ(calls.frees, 1u);
+  EXPECT_GE(calls.events, 1u);
+  EXPECT_EQ(calls.maps + calls.unmaps + calls.creates + calls.releases, 0u);
+  EXPECT_EQ(sim.used_bytes(), 0u);
+}
+
+// --- passes ---------------------------------------------------------------------------------------
+
+trace::Event event(trace::Op op, std::uint64_t id, std::uint64_t size) {
+  trace::Event e;
+  e.op = op;
+  e.id = id;
+  e.size = size;
+  return e;
+}
+
+/// A 3 MiB block (a 20 MiB large segment) and a 1000-byte block (a 2 MiB small segment).
+trace::Trace large_and_small() {
+  trace::Trace t;
+  t.source = "hand-built";
+  t.events = {event(trace::Op::alloc, 0, 3 * MiB), event(trace::Op::alloc, 1, 1000),
+              event(trace::Op::free, 0, 3 * MiB), event(trace::Op::free, 1, 1000)};
+  return t;
+}
+
+/// Block 0 (1 MiB) is live before the window and freed in it; block 1 (2 MiB) is allocated and
+/// left live: each pass must start with block 0 live again and without block 1.
+trace::Trace step_that_swaps() {
+  trace::Trace t;
+  t.source = "hand-built";
+  t.live_before = {{0, 1 * MiB, 0, 0}};
+  t.events = {event(trace::Op::alloc, 1, 2 * MiB), event(trace::Op::free, 0, 1 * MiB)};
+  return t;
+}
+
+replay::Options passes(std::size_t n) {
+  replay::Options o;
+  o.repeat = n;
+  return o;
+}
+
+TEST(ReplayPasses, ACachingPolicyMakesNoDeviceCallsAfterTheFirstPass) {
+  const replay::Result r =
+      replay::run(large_and_small(), replay::Policy::parse("cistern"), passes(3));
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.passes.size(), 3u);
+  EXPECT_EQ(r.passes[0].peak_reserved, 22 * MiB);
+  EXPECT_EQ(r.passes[0].device_allocs, 2u);
+  for (std::size_t i = 1; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(r.passes[i].peak_reserved, 22 * MiB);
+    EXPECT_EQ(r.passes[i].device_allocs, 0u);
+    EXPECT_EQ(r.passes[i].device_frees, 0u);
+    EXPECT_EQ(r.passes[i].maps, 0u);
+    EXPECT_EQ(r.passes[i].unmaps, 0u);
+  }
+  EXPECT_EQ(r.device_allocs, 2u);
+  EXPECT_EQ(r.peak_reserved, 22 * MiB);
+}
+
+TEST(ReplayPasses, NocachePaysEveryPass) {
+  const replay::Result r =
+      replay::run(large_and_small(), replay::Policy::parse("nocache"), passes(2));
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.passes.size(), 2u);
+  for (const replay::PassResult& p : r.passes) {
+    EXPECT_EQ(p.device_allocs, 2u);
+    EXPECT_EQ(p.device_frees, 2u);
+    EXPECT_EQ(p.peak_reserved, 3 * MiB + 1024);
+  }
+  EXPECT_EQ(r.device_allocs, 4u);
+}
+
+TEST(ReplayPasses, EachPassStartsFromTheSameLiveSet) {
+  const replay::Result r =
+      replay::run(step_that_swaps(), replay::Policy::parse("nocache"), passes(3));
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.passes.size(), 3u);
+  // Pass 1: the start's block 0 and block 1 allocated, block 0 freed; its end frees block 1 and
+  // allocates block 0 again. Pass 2: block 1, then the same free, free and allocation. Pass 3,
+  // the last, ends with the window: block 1 and the free of block 0.
+  EXPECT_EQ(r.passes[0].device_allocs, 3u);
+  EXPECT_EQ(r.passes[0].device_frees, 2u);
+  EXPECT_EQ(r.passes[1].device_allocs, 2u);
+  EXPECT_EQ(r.passes[1].device_frees, 2u);
+  EXPECT_EQ(r.passes[2].device_allocs, 1u);
+  EXPECT_EQ(r.passes[2].device_frees, 1u);
+  for (const replay::PassResult& p : r.passes) {
+    EXPECT_EQ(p.peak_reserved, 3 * MiB);  // blocks 0 and 1 live at once
+  }
+  EXPECT_EQ(r.ooms, 0u);
+}
+
+TEST(ReplayPasses, OnePassHasNoPassList) {
+  const replay::Result r = replay::run(large_and_small(), replay::Policy::parse("cistern"), {});
+  EXPECT_TRUE(r.passes.empty());
+}
+
+TEST(ReplayPasses, MinCapacityCoversEveryPass) {
+  EXPECT_EQ(replay::min_capacity(large_and_small(), replay::Policy::parse("cistern"), passes(3)),
+            22 * MiB);
+  EXPECT_EQ(replay::min_capacity(step_that_swaps(), replay::Policy::parse("nocache"), passes(3)),
+            4 * MiB);
+}
+
+// --- the traces the project ships -----------------------------------------------------------------
+
+TEST(BundledTraces, ReplayUnderEveryPolicyWithASteadyStateAfterTheFirstStep) {
+  // peak_live of each synthetic training step (traces/README.md), to the byte.
+  const std::pair<const char*, std::uint64_t> traces[] = {
+      {"transformer_6l_512h.trace.gz", 1459269636},
+      {"transformer_12l_1024h.trace.gz", 5687582724},
+  };
+  for (const auto& [name, peak_live] : traces) {
+    SCOPED_TRACE(name);
+    const trace::Trace t =
+        trace::read_trace(std::string(CISTERN_SOURCE_DIR) + "/traces/synthetic/" + name);
+    for (const char* policy : {"cistern", "torch", "nocache"}) {
+      SCOPED_TRACE(policy);
+      const replay::Result r = replay::run(t, replay::Policy::parse(policy), passes(2));
+      ASSERT_EQ(r.error, "");
+      EXPECT_EQ(r.peak_live, peak_live);
+      EXPECT_EQ(r.ooms, 0u);
+      ASSERT_EQ(r.passes.size(), 2u);
+      EXPECT_EQ(r.passes[1].peak_reserved, r.passes[0].peak_reserved);
+      if (std::string(policy) != "nocache") EXPECT_EQ(r.passes[1].device_allocs, 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cistern
