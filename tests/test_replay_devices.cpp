@@ -75,6 +75,11 @@ struct ForwardingFactory {
     return static_cast<ThroughAdaptors&>(device).sim().create_stream();
   }
   static void destroy_stream(Device&, Stream) {}
+  // A failure injected in the simulated device below reaches the caller through the adaptors.
+  static bool fail_next(Device& device, DeviceOp op) {
+    static_cast<ThroughAdaptors&>(device).sim().fail_nth(op, 1, Status::device_error);
+    return true;
+  }
 };
 
 struct MeteredFactory {
@@ -84,6 +89,10 @@ struct MeteredFactory {
     return static_cast<MeteredStack&>(device).sim().create_stream();
   }
   static void destroy_stream(Device&, Stream) {}
+  static bool fail_next(Device& device, DeviceOp op) {
+    static_cast<MeteredStack&>(device).sim().fail_nth(op, 1, Status::device_error);
+    return true;
+  }
 };
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Forwarding, DeviceConformance, ::testing::Types<ForwardingFactory>);
@@ -213,7 +222,7 @@ TEST(MeteredDevice, CountsTheClassicAllocatorsSegmentsAndEvents) {
   MeteredDevice meter(sim, distinct_costs());
   const Stream other = sim.create_stream();
   {
-    CachingAllocator alloc(meter);
+    CachingAllocator alloc(meter, Config::parse("vmm:False"));  // classic segments
     void* p = alloc.allocate(1000, default_stream);
     alloc.record_stream(p, other);  // the free must wait for `other`: an event is recorded
     alloc.deallocate(p, default_stream);
@@ -264,7 +273,7 @@ replay::Options passes(std::size_t n) {
 
 TEST(ReplayPasses, ACachingPolicyMakesNoDeviceCallsAfterTheFirstPass) {
   const replay::Result r =
-      replay::run(large_and_small(), replay::Policy::parse("cistern"), passes(3));
+      replay::run(large_and_small(), replay::Policy::parse("cistern:vmm=false"), passes(3));
   ASSERT_EQ(r.error, "");
   ASSERT_EQ(r.passes.size(), 3u);
   EXPECT_EQ(r.passes[0].peak_reserved, 22 * MiB);
@@ -279,6 +288,26 @@ TEST(ReplayPasses, ACachingPolicyMakesNoDeviceCallsAfterTheFirstPass) {
   }
   EXPECT_EQ(r.device_allocs, 2u);
   EXPECT_EQ(r.peak_reserved, 22 * MiB);
+}
+
+// The virtual-memory engine keeps its pages mapped in cached blocks: the first pass maps them,
+// the later ones make no device call at all.
+TEST(ReplayPasses, TheEngineMapsOnlyInTheFirstPass) {
+  const replay::Result r =
+      replay::run(large_and_small(), replay::Policy::parse("cistern"), passes(3));
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.passes.size(), 3u);
+  EXPECT_EQ(r.passes[0].device_allocs, 0u);
+  EXPECT_GE(r.passes[0].maps, 3u);  // two large pages (3 MiB) and a small one (1000 B)
+  EXPECT_LE(r.passes[0].peak_reserved, 22 * MiB);
+  for (std::size_t i = 1; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(r.passes[i].peak_reserved, r.passes[0].peak_reserved);
+    EXPECT_EQ(r.passes[i].device_allocs, 0u);
+    EXPECT_EQ(r.passes[i].device_frees, 0u);
+    EXPECT_EQ(r.passes[i].maps, 0u);
+    EXPECT_EQ(r.passes[i].unmaps, 0u);
+  }
 }
 
 TEST(ReplayPasses, NocachePaysEveryPass) {
@@ -320,8 +349,12 @@ TEST(ReplayPasses, OnePassHasNoPassList) {
 }
 
 TEST(ReplayPasses, MinCapacityCoversEveryPass) {
-  EXPECT_EQ(replay::min_capacity(large_and_small(), replay::Policy::parse("cistern"), passes(3)),
+  EXPECT_EQ(replay::min_capacity(large_and_small(), replay::Policy::parse("cistern:vmm=false"),
+                                 passes(3)),
             22 * MiB);
+  // The engine: two 2 MiB pages for the 3 MiB block, one small-pool page for the 1000 B one.
+  EXPECT_EQ(replay::min_capacity(large_and_small(), replay::Policy::parse("cistern"), passes(3)),
+            6 * MiB);
   EXPECT_EQ(replay::min_capacity(step_that_swaps(), replay::Policy::parse("nocache"), passes(3)),
             4 * MiB);
 }
