@@ -8,3 +8,12 @@ if(CISTERN_SANITIZE)
   add_link_options(${_cistern_san_flags})
   message(STATUS "cistern: building with sanitizers: ${CISTERN_SANITIZE}")
 endif()
+
+# The fuzz build (-DCISTERN_BUILD_FUZZERS=ON) gives every library coverage counters, so that
+# libFuzzer sees the readers' and the allocator's branches, not only the harness's. Objects so
+# built need libFuzzer's runtime (or a sanitizer's) at link time: build only the fuzz targets
+# there, or combine with -DCISTERN_SANITIZE=address,undefined.
+if(CISTERN_BUILD_FUZZERS)
+  add_compile_options(-fsanitize=fuzzer-no-link)
+  message(STATUS "cistern: instrumenting every target for libFuzzer (fuzzer-no-link)")
+endif()

@@ -22,6 +22,7 @@
 #include "cistern/pytorch_snapshot.hpp"
 #include "support/reference_figures.hpp"
 #include "support/trace_sizes.hpp"
+#include "trace/native_text.hpp"
 
 namespace {
 
@@ -77,11 +78,14 @@ class Cli : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  /// Runs `cistern ARGS` (already quoted where needed) with stdin closed.
-  Outcome run(const std::string& args) const {
+  /// Runs `cistern ARGS` (already quoted where needed) with stdin closed; stdout goes to
+  /// `stdout_to` when given (then `out` is empty).
+  Outcome run(const std::string& args, const std::string& stdout_to = "") const {
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    write(out, "");
     const std::string command = quote(binary_) + " " + args + " </dev/null >" +
-                                quote(out.string()) + " 2>" + quote(err.string());
+                                quote(stdout_to.empty() ? out.string() : stdout_to) + " 2>" +
+                                quote(err.string());
     const int status = std::system(command.c_str());
     Outcome o;
     o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -164,6 +168,10 @@ TEST_F(Cli, UsageErrorsExitTwoWithAHint) {
                                              "replay --start hot " + file,
                                              "replay --format nonsense " + file,
                                              "replay --scale -1 " + file,
+                                             "replay --scale nan " + file,
+                                             "replay --scale inf " + file,
+                                             "info --max-input-size 0 " + file,
+                                             "info --max-input-size lots " + file,
                                              "replay --json /nonexistent-dir/x.json " + file,
                                              "info",
                                              "convert " + file};
@@ -200,6 +208,85 @@ TEST_F(Cli, BadInputExitsThreeNamingTheFile) {
       EXPECT_NE(o.err.find(fs::path(file).filename().string()), std::string::npos) << o.err;
     }
   }
+}
+
+TEST_F(Cli, NonTracesAreRefusedFromTheirFirstBlock) {
+  // A gzip bomb (64 MiB of zeros in about 64 KiB), whatever its name, and /dev/zero: refused
+  // from the first block, before the rest is read.
+  const std::string zeros(std::size_t{64} << 20, '\0');
+  write(temp("bomb.pickle.gz"), cistern::trace::native::gzip(zeros, "bomb"));
+  std::vector<std::string> files = {temp("bomb.pickle.gz").string()};
+  if (fs::exists("/dev/zero")) files.emplace_back("/dev/zero");
+  for (const std::string& file : files) {
+    const Outcome o = run("info " + quote(file));
+    EXPECT_EQ(o.code, 3) << file << "\n" << o.err;
+    EXPECT_EQ(o.err.rfind("cistern: " + file +
+                              ": unknown trace format (it starts with "
+                              "'\\x00\\x00",
+                          0),
+              0u)
+        << o.err;
+  }
+}
+
+TEST_F(Cli, MaxInputSizeBoundsWhatIsRead) {
+  // A lifetime list whose header is right and whose rest is 8 MiB of blank lines, gzipped.
+  const std::string csv = "id,lower,upper,size\n" + std::string(std::size_t{8} << 20, '\n');
+  write(temp("long.csv.gz"), cistern::trace::native::gzip(csv, "long"));
+  write(temp("long.csv"), csv);
+  for (const std::string name : {"long.csv.gz", "long.csv"}) {
+    const std::string file = temp(name).string();
+    const Outcome o = run("info --max-input-size 1MiB " + quote(file));
+    EXPECT_EQ(o.code, 3) << o.err;
+    EXPECT_NE(o.err.find(file + ": "), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("more than 1048576 bytes"), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("(--max-input-size)"), std::string::npos) << o.err;
+    // Within the limit it reads (a header and no rows: an empty trace).
+    EXPECT_EQ(run("info --max-input-size 9MiB " + quote(file)).code, 0) << file;
+  }
+}
+
+TEST_F(Cli, CrlfAndByteOrderMarkInputsAreRead) {
+  write(temp("excel.csv"), "\xef\xbb\xbfid,lower,upper,size\r\na,0,2,4\r\nb,1,3,8\r\n");
+  const Outcome o = run("info --json " + quote(temp("excel.csv").string()));
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(json::parse(o.out).at("peak_live"), 12);
+}
+
+// --- output that cannot be written --------------------------------------------------------------
+
+TEST_F(Cli, AFullStdoutIsAnErrorNamingTheReason) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const std::string csv = quote(lifetimes("ok.csv", {1024, 2048}).string());
+  for (const std::string& args :
+       {"info " + csv, "info --json " + csv, "replay " + csv, "replay --json - " + csv,
+        "convert " + csv + " -", "convert --to lifetimes " + csv + " -", std::string("options")}) {
+    const Outcome o = run(args, "/dev/full");
+    EXPECT_EQ(o.code, 3) << args << "\n" << o.err;
+    EXPECT_EQ(o.err, "cistern: cannot write to standard output: No space left on device\n") << args;
+  }
+}
+
+TEST_F(Cli, OutputFilesThatCannotBeWrittenNameTheFileAndTheReason) {
+  const std::string csv = quote(lifetimes("ok.csv", {1024, 2048}).string());
+  if (fs::exists("/dev/full")) {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"replay -q -p cistern --snapshot /dev/full " + csv, "snapshot"},
+        {"replay -q --json /dev/full " + csv, "--json"},
+        {"replay -q --html /dev/full " + csv, "--html"},
+        {"convert " + csv + " /dev/full", "trace"},
+        {"convert --to lifetimes " + csv + " /dev/full", "convert"}};
+    for (const auto& [args, what] : cases) {
+      const Outcome o = run(args);
+      EXPECT_EQ(o.code, 3) << args << "\n" << o.err;
+      EXPECT_EQ(o.err, "cistern: " + what + ": cannot write '/dev/full': No space left on device\n")
+          << args;
+    }
+  }
+  // A folder where a file should be.
+  const Outcome o = run("convert " + csv + " " + quote(dir_.string()));
+  EXPECT_EQ(o.code, 3) << o.err;
+  EXPECT_EQ(o.err, "cistern: trace: cannot write '" + dir_.string() + "': Is a directory\n");
 }
 
 // --- out of memory ------------------------------------------------------------------------------

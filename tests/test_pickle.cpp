@@ -357,8 +357,10 @@ TEST(PickleStack, ProtoFrameAndTrailingBytes) {
   Bytes framed;
   framed.op(PROTO).u8(4).op(FRAME).u64(2).op(NONE).stop();
   EXPECT_EQ(describe(framed), "None");
-  // Like Python's pickle.loads, bytes after STOP are not read.
-  EXPECT_EQ(describe(Bytes().op(NONE).stop().raw("garbage")), "None");
+  // pickle.loads would ignore bytes after STOP; a snapshot file holds one pickle, so they are
+  // refused, with the offset where they start.
+  EXPECT_EQ(parse_error(Bytes().op(NONE).stop().raw("garbage")),
+            "t.pickle: offset 2: 7 bytes of data after the pickle's STOP");
   EXPECT_EQ(parse_error(Bytes().op(PROTO).u8(6).op(NONE).stop()),
             "t.pickle: offset 0: unsupported pickle protocol 6 (cistern reads protocols 0 to 5)");
   EXPECT_EQ(parse_error(Bytes().op(FRAME).u64(100).op(NONE).stop()),

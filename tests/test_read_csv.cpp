@@ -61,6 +61,21 @@ TEST(LifetimeReader, ColumnsByNameCrlfAndBlankLines) {
   EXPECT_EQ(t.events[0].time, 1);
 }
 
+TEST(LifetimeReader, ByteOrderMarkAndCrlfAsWindowsEditorsWriteThem) {
+  const std::string bom = "\xef\xbb\xbf";
+  const std::string csv = "id,lower,upper,size\r\na,0,2,4\r\nb,1,3,8\r\n";
+  for (const std::string& text : {bom + csv, csv, bom + "id,lower,upper,size\na,0,2,4\nb,1,3,8"}) {
+    const trace::Trace t = read(text, "excel.csv");
+    EXPECT_EQ(t.format, "lifetimes");
+    EXPECT_EQ(t.peak_live(), 12U);
+    ASSERT_EQ(t.events.size(), 4U);
+    EXPECT_EQ(t.events[1].size, 8U);
+  }
+  trace::ReadOptions forced;
+  forced.format = trace::Format::lifetimes;
+  EXPECT_EQ(read(bom + csv, "excel.csv", forced).peak_live(), 12U);
+}
+
 TEST(LifetimeReader, Scale) {
   const std::string text = "id,lower,upper,size\n0,0,2,3\n1,1,3,5\n";
   trace::ReadOptions options;
@@ -155,6 +170,16 @@ TEST(RmmLogReader, NullPointersAndOlderHeaders) {
   EXPECT_EQ(t.device, 0);
   EXPECT_EQ(t.events.size(), 1U);
   EXPECT_EQ(t.events[0].time, 36'001'250'000);
+}
+
+TEST(RmmLogReader, ByteOrderMarkAndCrlf) {
+  const trace::Trace t = read(
+      "\xef\xbb\xbfThread,Time,Action,Pointer,Size,Stream\r\n"
+      "1,10:00:00.000001,allocate,0x10,4,0x0\r\n1,10:00:00.000002,free,0x10,4,0x0\r\n",
+      "rmm.csv");
+  EXPECT_EQ(t.format, "rmm");
+  ASSERT_EQ(t.events.size(), 2U);
+  EXPECT_EQ(t.events[0].size, 4U);
 }
 
 TEST(RmmLogReader, Malformed) {

@@ -85,6 +85,17 @@ TEST(KinetoReader, TopLevelArrayAndNoCounters) {
   EXPECT_FALSE(t.recorded.peak_reserved.has_value());
 }
 
+TEST(KinetoReader, ByteOrderMarkAndCrlf) {
+  std::string json = kineto({memory(1, 0, 0x100, 512, 512, 2048)});
+  for (std::size_t at = json.find('\n'); at != std::string::npos; at = json.find('\n', at + 2)) {
+    json.insert(at, "\r");
+  }
+  const trace::Trace t = read("\xef\xbb\xbf" + json);
+  EXPECT_EQ(t.format, "kineto");
+  EXPECT_EQ(t.events.size(), 1U);
+  EXPECT_EQ(t.peak_live(), 512U);
+}
+
 TEST(KinetoReader, Devices) {
   const std::string json =
       kineto({memory(1, 0, 0x100, 512, 512, 2048, 0), memory(2, 1, 0x900, 1024, 1024, 2048, 3)});

@@ -398,6 +398,52 @@ TEST(PyTorchReader, BadEvents) {
   expect_contains(read_error(with(5)), {"device_traces[0][1]", "expected a dict"});
 }
 
+TEST(PyTorchReader, IntegersBeyond64BitsAreNamedAsSuch) {
+  // The size 0x7eadbeef12345678 written as LONG1 with 8 bytes, then widened to 9 bytes: 2^64 + 1.
+  std::string bytes =
+      pickle(snapshot(PyList{}, PyList{PyList{event("alloc", base, 0x7eadbeef12345678)}}));
+  const std::string eight = std::string("\x8a\x08") + "\x78\x56\x34\x12\xef\xbe\xad\x7e";
+  const std::size_t at = bytes.find(eight);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, eight.size(), std::string("\x8a\x09\x01", 3) + std::string(7, '\0') + "\x01");
+  expect_contains(read_error(bytes),
+                  {"device_traces[0][0]", "'size' is ", "an integer beyond the 64-bit range"});
+}
+
+TEST(PyTorchReader, OverlappingLiveAllocationsAreRefused) {
+  // The second alloc starts inside the first, still live: a corrupt or spliced snapshot.
+  const Py inside = snapshot(
+      PyList{}, PyList{PyList{event("alloc", base, 4096), event("alloc", base + 1024, 512)}});
+  EXPECT_EQ(read_error(pickle(inside)),
+            "snap.pickle: device_traces[0][1]: alloc of 512 bytes at 0x7f0000000400 overlaps the "
+            "live allocation [0x7f0000000000, 0x7f0000001000)");
+  // One that ends inside a later live one.
+  const Py before = snapshot(
+      PyList{}, PyList{PyList{event("alloc", base + 1024, 512), event("alloc", base, 2048)}});
+  expect_contains(read_error(pickle(before)), {"device_traces[0][1]",
+                                               "overlaps the live allocation [0x7f0000000400, "
+                                               "0x7f0000000600)"});
+  // A block of the final segments that overlaps an allocation live at the end.
+  const Py final_block =
+      snapshot(PyList{segment(base, 2 * MiB,
+                              PyList{block(base, 512, 512, "active_allocated"),
+                                     block(base + 256, 512, 512, "active_allocated")})},
+               PyList{PyList{}});
+  expect_contains(read_error(pickle(final_block)),
+                  {"segments[0].blocks[1]", "overlaps the live allocation"});
+  // Freed before the next one starts: no overlap.
+  const Py reused = snapshot(
+      PyList{}, PyList{PyList{event("alloc", base, 4096), event("free_requested", base, 4096),
+                              event("alloc", base + 1024, 512)}});
+  EXPECT_EQ(read(reused).events.size(), 3u);
+}
+
+TEST(PyTorchReader, DataAfterStopIsRefusedWithItsOffset) {
+  const std::string bytes = pickle(snapshot(PyList{}, PyList{PyList{}}));
+  EXPECT_EQ(read_error(bytes + "junk"), "snap.pickle: offset " + std::to_string(bytes.size()) +
+                                            ": 4 bytes of data after the pickle's STOP");
+}
+
 TEST(PyTorchReader, InconsistentSegments) {
   // A segment allocated in the window must still be held at the end, or be freed later in it.
   expect_contains(

@@ -17,6 +17,8 @@
 #include "cistern/errors.hpp"
 #include "support/trace_sizes.hpp"
 #include "trace/input.hpp"
+#include "trace/native_text.hpp"
+#include "trace/readers.hpp"
 
 namespace {
 
@@ -25,6 +27,7 @@ using cistern::InvalidArgument;
 using cistern::trace::gunzip;
 using cistern::trace::is_gzip;
 using cistern::trace::read_file;
+constexpr std::uint64_t default_limit = cistern::trace::default_max_input_bytes;
 
 std::string from_hex(std::string_view hex) {
   std::string bytes;
@@ -140,8 +143,50 @@ TEST_F(TraceInput, TheDecompressedSizeIsLimited) {
   EXPECT_EQ(error_of([&] { read_file(path, 10); }),
             path +
                 ": gzip stream decompresses to more than 10 bytes, the limit that guards "
-                "against decompression bombs");
-  EXPECT_EQ(cistern::trace::default_max_decompressed_bytes, std::uint64_t{8} << 30);
+                "against decompression bombs (--max-input-size)");
+  EXPECT_EQ(cistern::trace::default_max_input_bytes, std::uint64_t{2} << 30);
+  EXPECT_EQ(cistern::trace::ReadOptions{}.max_input_size, cistern::trace::default_max_input_bytes);
+}
+
+TEST_F(TraceInput, APlainFileIsLimitedToo) {
+  const std::string csv = "id,lower,upper,size\n" + std::string(100000, '\n');
+  const std::string path = write("long.csv", csv);
+  EXPECT_EQ(read_file(path, csv.size()), csv);
+  EXPECT_EQ(error_of([&] { read_file(path, csv.size() - 1); }),
+            path + ": the file holds more than " + std::to_string(csv.size() - 1) +
+                " bytes, the limit on input size (--max-input-size)");
+}
+
+TEST_F(TraceInput, EndlessDeviceFilesStopAtTheLimit) {
+  if (!fs::exists("/dev/zero")) GTEST_SKIP() << "no /dev/zero";
+  EXPECT_EQ(error_of([&] { read_file("/dev/zero", 1 << 20); }),
+            "/dev/zero: the file holds more than 1048576 bytes, the limit on input size "
+            "(--max-input-size)");
+}
+
+TEST_F(TraceInput, ThePrefixCheckSeesTheFirstBlockOnly) {
+  // A gzip bomb: 64 MiB of zeros in about 64 KiB. The check sees 64 KiB of zeros and refuses.
+  const std::string zeros(std::size_t{64} << 20, '\0');
+  const std::string bomb = write("bomb.csv", cistern::trace::native::gzip(zeros, "bomb"));
+  std::size_t seen = 0;
+  const cistern::trace::PrefixCheck refuse = [&](std::string_view prefix) {
+    seen = prefix.size();
+    throw InvalidArgument("refused");
+  };
+  EXPECT_EQ(error_of([&] { read_file(bomb, default_limit, refuse); }), "refused");
+  EXPECT_EQ(seen, cistern::trace::input_prefix_bytes);
+  // Without a check the limit stops it.
+  EXPECT_EQ(error_of([&] { read_file(bomb, 1 << 20); }),
+            bomb +
+                ": gzip stream decompresses to more than 1048576 bytes, the limit that guards "
+                "against decompression bombs (--max-input-size)");
+  // A small file: the check sees all of it, decompressed.
+  std::string shown;
+  const cistern::trace::PrefixCheck keep = [&](std::string_view prefix) { shown = prefix; };
+  EXPECT_EQ(read_file(write("hello.gz", hello_gz), default_limit, keep), "hello gzip\n");
+  EXPECT_EQ(shown, "hello gzip\n");
+  EXPECT_EQ(read_file(write("plain.txt", "plain"), default_limit, keep), "plain");
+  EXPECT_EQ(shown, "plain");
 }
 
 TEST_F(TraceInput, MissingAndUnreadableFiles) {
@@ -171,7 +216,7 @@ TEST(TraceInputShared, TheLargestGzipDecompressesToItsRecordedSize) {
   EXPECT_EQ(error_of([&] { read_file(path, 53733384); }),
             path +
                 ": gzip stream decompresses to more than 53733384 bytes, the limit that "
-                "guards against decompression bombs");
+                "guards against decompression bombs (--max-input-size)");
 }
 
 struct Expected {

@@ -66,7 +66,10 @@ enum cistern_error {
 /* --- PyTorch's CUDAPluggableAllocator signatures ---------------------------------------------- */
 
 /** Allocates `size` bytes on `device` for use on `stream`. NULL for size 0 and on any failure
- *  (the last error says why: out of memory, configuration, device). */
+ *  (the last error says why: out of memory, configuration, device). Stream handles: on the
+ *  simulated backend a handle that is neither 0 nor from `cistern_sim_create_stream` is misuse
+ *  (CISTERN_ERROR_INVALID_ARGUMENT, counted, nothing done) here, in `cistern_free` and in
+ *  `cistern_record_stream` alike; on CUDA the handle is taken as the cudaStream_t it is. */
 CISTERN_PLUGIN_API void* cistern_malloc(size_t size, int device, cistern_stream_t stream);
 /** Frees `ptr`, ordered on `stream`. `size` and `device` must be those of the allocation (as
  *  PyTorch passes them); otherwise nothing is freed and the misuse is recorded. NULL: no-op. */
@@ -102,7 +105,9 @@ CISTERN_PLUGIN_API int cistern_reset_accumulated_stats(int device);
  *  keeping up to `max_entries` events per device (0: one million). Returns an error code. */
 CISTERN_PLUGIN_API int cistern_record_history(int enabled, size_t max_entries);
 /** Writes every device's segments, blocks and recorded history to `path` as a PyTorch memory
- *  snapshot pickle (what `torch.cuda.memory._dump_snapshot` writes). Returns an error code. */
+ *  snapshot pickle (what `torch.cuda.memory._dump_snapshot` writes). Returns an error code:
+ *  CISTERN_ERROR_INVALID_ARGUMENT when the file cannot be written, the last error naming the
+ *  path and the OS reason ("No such file or directory", "No space left on device"). */
 CISTERN_PLUGIN_API int cistern_write_snapshot(const char* path);
 
 /* --- errors ------------------------------------------------------------------------------------------ */

@@ -54,7 +54,7 @@ std::string pytorch_snapshot_pickle(const std::vector<DeviceRecord>& devices, co
 std::string pytorch_snapshot_pickle(const CachingAllocator& allocator);
 
 /// Writes `pytorch_snapshot_pickle(devices, config)` to `path` (replacing it). Throws
-/// `cistern::Error` naming the path if it cannot be written.
+/// `cistern::InvalidArgument` naming the path and the OS reason if it cannot be written.
 void write_pytorch_snapshot(const std::string& path, const std::vector<DeviceRecord>& devices,
                             const Config& config);
 

@@ -19,7 +19,7 @@ enum ExitCode : int {
   kExitOk = 0,           ///< success
   kExitFailure = 1,      ///< an unexpected internal error (a bug: please report it)
   kExitUsage = 2,        ///< bad command line: unknown flag, bad value, unknown policy
-  kExitBadInput = 3,     ///< a trace is missing, unreadable or malformed
+  kExitBadInput = 3,     ///< a trace is missing, unreadable or malformed; an output unwritable
   kExitOutOfMemory = 4,  ///< a replay ran out of memory at the given capacity
   kExitNoDevice = 5,     ///< --backend cuda: no usable GPU (or built without CUDA)
 };
@@ -27,7 +27,8 @@ enum ExitCode : int {
 /// The exit-code paragraph shown at the end of every `--help`.
 inline constexpr const char* kExitCodesHelp =
     "Exit status: 0 success, 2 usage error (unknown flag, bad value, unknown policy),\n"
-    "3 bad input (missing, unreadable or malformed trace), 4 a replay ran out of memory at\n"
+    "3 bad input or output (missing, unreadable or malformed trace; an output that cannot be\n"
+    "written), 4 a replay ran out of memory at\n"
     "the given --capacity, 5 no usable GPU for --backend cuda, 1 internal error.";
 
 /// A command line that parses but cannot be carried out as written (an unknown policy, a bad
@@ -37,8 +38,9 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Writes `content` to the file `path`, or to stdout for "-". Throws UsageError naming `what`
-/// (the flag or command that named the file) and the path when it cannot be written.
+/// Writes `content` to the file `path`, or to stdout for "-". Throws `cistern::InvalidArgument`
+/// (exit 3) naming `what` (the flag or command that named the file), the path and the OS
+/// reason when it cannot be written.
 void write_output(const std::string& path, const std::string& content, const std::string& what);
 
 /// A registered subcommand: its parser node, and what to run when the user chose it.

@@ -6,9 +6,9 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -69,18 +69,13 @@ std::string lifetimes_csv(const trace::Trace& t, std::size_t& dropped) {
 /// Writes `t` as a cistern trace to `path` ('-': stdout; gzip-compressed for a name ending in
 /// ".gz").
 void write_native(const std::string& path, const trace::Trace& t) {
-  if (path == "-") {
-    trace::write_native(std::cout, t);
-    std::cout.flush();
+  if (path == "-") {  // through write_output, whose writes are checked
+    std::ostringstream text;
+    trace::write_native(text, t);
+    write_output(path, text.str(), "convert");
     return;
   }
-  try {
-    trace::write_native_file(path, t);
-  } catch (const InvalidArgument&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
+  trace::write_native_file(path, t);
 }
 
 int run_convert(const ConvertArgs& args) {

@@ -11,6 +11,7 @@
 #include "cistern/config.hpp"
 #include "cistern/errors.hpp"
 #include "cli/cli.hpp"
+#include "snapshot/file_output.hpp"
 
 #ifndef CISTERN_VERSION
 #define CISTERN_VERSION "unknown"
@@ -127,19 +128,27 @@ int run(int argc, char** argv) {
   return fail(kExitUsage, "no command given\n" + help_hint(app));
 }
 
+/// Runs the command, then makes sure that what it printed reached stdout: a full disk or a
+/// closed pipe is an error (exit 3), never a silent exit 0.
+int run_and_flush(int argc, char** argv) {
+  const int code = run(argc, argv);
+  cistern::detail::flush_stdout();
+  return code;
+}
+
 }  // namespace
 }  // namespace cistern::cli
 
 int main(int argc, char** argv) {
   using namespace cistern::cli;
   try {
-    return run(argc, argv);
+    return run_and_flush(argc, argv);
   } catch (const cistern::InvalidArgument& e) {
     return fail(kExitBadInput, e.what());
   } catch (const cistern::OutOfMemory& e) {
     return fail(kExitOutOfMemory, e.what());
   } catch (const std::bad_alloc&) {
-    return fail(kExitFailure, "out of host memory");
+    return fail(kExitOutOfMemory, "out of host memory");
   } catch (const std::exception& e) {
     return fail(kExitFailure, std::string("internal error: ") + e.what());
   }

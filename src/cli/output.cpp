@@ -1,25 +1,22 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// Writing a command's output file (a report, a converted trace), or stdout for "-".
-#include <fmt/format.h>
-
-#include <fstream>
+// Writing a command's output file (a report, a converted trace), or stdout for "-". Every write
+// is checked (snapshot/file_output.hpp): a full disk is an error naming the file, never exit 0.
 #include <iostream>
 #include <string>
 
 #include "cli/cli.hpp"
+#include "snapshot/file_output.hpp"
 
 namespace cistern::cli {
 
 void write_output(const std::string& path, const std::string& content, const std::string& what) {
   if (path == "-") {
-    std::cout << content << std::flush;
+    std::cout << content;
+    detail::flush_stdout();
     return;
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << content;
-  out.close();
-  if (!out) throw UsageError(fmt::format("{}: cannot write '{}'", what, path));
+  detail::write_whole_file(path, content, what);
 }
 
 }  // namespace cistern::cli

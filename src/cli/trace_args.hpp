@@ -1,12 +1,15 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// The trace-reading flags every subcommand shares (--device, --format, --scale) and their
-// translation into trace::ReadOptions.
+// The trace-reading flags every subcommand shares (--device, --format, --scale,
+// --max-input-size) and their translation into trace::ReadOptions.
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <string>
 
+#include "cistern/errors.hpp"
+#include "cistern/types.hpp"
 #include "cli/cli.hpp"
 #include "trace/readers.hpp"
 
@@ -14,9 +17,10 @@ namespace cistern::cli {
 
 /// How the user asked for traces to be read.
 struct TraceArgs {
-  int device = -1;     ///< <0: the reader chooses (the only device with events)
-  std::string format;  ///< empty: recognised from the content
-  double scale = 1;    ///< lifetime lists: multiply sizes by this
+  int device = -1;                      ///< <0: the reader chooses (the only device with events)
+  std::string format;                   ///< empty: recognised from the content
+  double scale = 1;                     ///< lifetime lists: multiply sizes by this
+  std::string max_input_size = "2GiB";  ///< the most bytes a trace may decompress to
 };
 
 /// Adds --device, --format and --scale to `app`.
@@ -30,6 +34,11 @@ inline void add_trace_options(CLI::App& app, TraceArgs& args) {
   app.add_option("--scale", args.scale,
                  "Lifetime lists: multiply every size by this (minimalloc's normalised sets)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-input-size", args.max_input_size,
+                 "The most bytes a trace file may hold once decompressed (KiB, MiB, GiB "
+                 "suffixes); larger files, and gzip streams that would inflate past it, are "
+                 "refused without using more memory")
+      ->capture_default_str();
 }
 
 /// The reader options; throws UsageError for an unknown format name.
@@ -43,7 +52,18 @@ inline trace::ReadOptions read_options(const TraceArgs& args) {
                        "'; expected pytorch, lifetimes, rmm, kineto or cistern");
     }
   }
+  // NaN and infinity pass CLI11's PositiveNumber check: refuse them here, as usage errors.
+  if (!std::isfinite(args.scale) || !(args.scale > 0)) {
+    throw UsageError("--scale: expected a finite number above 0, got " +
+                     std::to_string(args.scale));
+  }
   options.scale = args.scale;
+  try {
+    options.max_input_size = parse_bytes(args.max_input_size);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(std::string("--max-input-size: ") + e.what());
+  }
+  if (options.max_input_size == 0) throw UsageError("--max-input-size: must be more than 0 bytes");
   return options;
 }
 

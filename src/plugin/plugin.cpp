@@ -15,6 +15,7 @@
 
 #include "cistern/errors.hpp"
 #include "cistern/pytorch_snapshot.hpp"
+#include "cistern/types.hpp"
 #include "plugin/plugin_state.hpp"
 
 #ifndef CISTERN_VERSION
@@ -104,6 +105,41 @@ std::string hex(const void* ptr) {
   return text;
 }
 
+/// Refuses, as misuse (CISTERN_ERROR_INVALID_ARGUMENT, nothing done), a stream handle that the
+/// simulated device never created, the same way in malloc, free and record_stream. On CUDA the
+/// handle is the framework's cudaStream_t and is taken as given: only CUDA can judge it.
+void require_known_stream(PluginState& state, int device, Stream stream, const char* what) {
+  if (state.backend() != Backend::sim) return;
+  try {
+    (void)state.sim(device).stream_done_at(stream);
+  } catch (const InvalidArgument&) {
+    throw InvalidArgument(std::string("cistern: ") + what + " on device " + std::to_string(device) +
+                          ": unknown stream handle " + hex(stream.native<void>()) +
+                          " (the simulated backend knows stream 0 and the streams of "
+                          "cistern_sim_create_stream); nothing was done");
+  }
+}
+
+/// The out-of-memory message in plain words: what was asked for, what the device has free, and
+/// where cistern's own memory is (allocated to the program, or cached for reuse).
+std::string oom_message(const OutOfMemoryInfo& info) {
+  std::string message = "cistern: out of memory on device " + std::to_string(info.device) +
+                        ": requested " + std::to_string(info.requested) + " bytes (" +
+                        format_bytes(info.requested) + "), of which the device has " +
+                        format_bytes(info.device_free) + " free out of " +
+                        format_bytes(info.device_total) + ". cistern has " +
+                        format_bytes(info.reserved) + " reserved: " + format_bytes(info.allocated) +
+                        " allocated to the program and " + format_bytes(info.cached) +
+                        " cached (free blocks kept for reuse; the largest that could serve "
+                        "this request is " +
+                        format_bytes(info.largest_free) + ").";
+  if (info.limit != 0) {
+    message +=
+        " It may reserve at most " + format_bytes(info.limit) + " (memory fraction or limit).";
+  }
+  return message;
+}
+
 /// Says what `ptr`, which the plug-in does not hold as live, is (double free, interior pointer,
 /// foreign): the allocator's own message. Never frees anything, so that a racing allocation
 /// that has just been given the same address cannot be freed by mistake.
@@ -126,6 +162,9 @@ std::string hex(const void* ptr) {
 
 void free_checked(void* ptr, std::size_t size, int device, Stream stream) {
   PluginState& state = PluginState::get();
+  if (device >= 0 && device < kMaxDevices && state.existing(device) != nullptr) {
+    require_known_stream(state, device, stream, "free");
+  }
   Allocation allocation;
   if (!state.pointers().take(ptr, &allocation)) throw_not_live(state, ptr, device);
   if (allocation.size != size || allocation.device != device) {
@@ -167,7 +206,12 @@ void* cistern_malloc(size_t size, int device, cistern_stream_t stream) {
     if (size == 0) return;
     PluginState& state = PluginState::get();
     cistern::CachingAllocator& allocator = state.allocator(device);
-    ptr = allocator.allocate(size, Stream(stream));
+    cistern::plugin::require_known_stream(state, device, Stream(stream), "malloc");
+    try {
+      ptr = allocator.allocate(size, Stream(stream));
+    } catch (const cistern::OutOfMemory& e) {
+      throw cistern::OutOfMemory(e.info(), cistern::plugin::oom_message(e.info()));
+    }
     try {
       state.pointers().insert(ptr, {size, device});
     } catch (...) {
@@ -214,7 +258,11 @@ void cistern_set_memory_fraction(double fraction, int device) {
 void cistern_record_stream(void* ptr, cistern_stream_t stream) {
   guarded([&] {
     PluginState& state = PluginState::get();
-    cistern::plugin::allocator_of(state, ptr, "record_stream").record_stream(ptr, Stream(stream));
+    cistern::CachingAllocator& allocator =
+        cistern::plugin::allocator_of(state, ptr, "record_stream");
+    cistern::plugin::require_known_stream(state, allocator.device_index(), Stream(stream),
+                                          "record_stream");
+    allocator.record_stream(ptr, Stream(stream));
   });
 }
 

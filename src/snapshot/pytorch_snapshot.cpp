@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
 
 #include "cistern/errors.hpp"
+#include "snapshot/file_output.hpp"
 #include "snapshot/pickle_writer.hpp"
 
 namespace cistern {
@@ -130,10 +130,7 @@ void write_settings(PickleWriter& w, const Config& config) {
 }
 
 void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) throw Error("cannot write the snapshot file '" + path + "'");
+  detail::write_whole_file(path, bytes, "snapshot");
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 #include "trace/address_lifetimes.hpp"
 
 #include <algorithm>
+#include <iterator>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -9,6 +11,26 @@ namespace cistern::trace::detail {
 
 // Provisional ids: allocation k (in event order) is k; live_before[j] (in discovery order) is
 // j | live_before_flag. Final ids are only known once every live-before block has been found.
+
+namespace {
+
+/// The end of [addr, addr + size), saturated at the top of the address space.
+std::uint64_t end_of(std::uint64_t addr, std::uint64_t size) {
+  return size > std::numeric_limits<std::uint64_t>::max() - addr
+             ? std::numeric_limits<std::uint64_t>::max()
+             : addr + size;
+}
+
+}  // namespace
+
+std::optional<std::pair<std::uint64_t, std::uint64_t>> AddressLifetimes::overlapping(
+    std::uint64_t addr, std::uint64_t size) const {
+  const std::uint64_t end = end_of(addr, size);
+  auto next = spans_.upper_bound(addr);  // the first live span starting after addr
+  if (next != spans_.end() && next->first < end) return *next;
+  if (next != spans_.begin() && std::prev(next)->second > addr) return *std::prev(next);
+  return std::nullopt;
+}
 
 std::optional<std::uint64_t> AddressLifetimes::live_at(std::uint64_t addr) const {
   const auto found = live_.find(addr);
@@ -20,6 +42,7 @@ void AddressLifetimes::alloc(std::uint64_t addr, std::uint64_t size, std::uint32
                              std::int64_t time) {
   const std::uint64_t id = allocations_++;
   live_[addr] = id;
+  spans_[addr] = end_of(addr, size);
   freed_.erase(addr);
   size_[id] = size;
   trace_.events.push_back(Event{Op::alloc, stream, id, size, addr, time});
@@ -41,6 +64,7 @@ AddressLifetimes::Freed AddressLifetimes::free(std::uint64_t addr, std::uint64_t
     freed.size = sized->second;
     size_.erase(sized);
     live_.erase(found);
+    spans_.erase(addr);
   }
   trace_.events.push_back(Event{Op::free, stream, freed.id, freed.size, addr, time});
   return freed;
@@ -48,6 +72,7 @@ AddressLifetimes::Freed AddressLifetimes::free(std::uint64_t addr, std::uint64_t
 
 void AddressLifetimes::live_throughout(std::uint64_t addr, std::uint64_t size,
                                        std::uint32_t stream) {
+  spans_[addr] = end_of(addr, size);
   trace_.live_before.push_back(
       LiveBlock{trace_.live_before.size() | live_before_flag, size, addr, stream});
 }

@@ -9,9 +9,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "trace/trace.hpp"
 
@@ -43,6 +45,11 @@ class AddressLifetimes {
   /// checked `freed_at(addr)`.
   Freed free(std::uint64_t addr, std::uint64_t size, std::uint32_t stream, std::int64_t time);
 
+  /// The live allocation, as [begin, end), that shares a byte with [addr, addr + size), if any.
+  /// Live allocations never overlap: a reader that finds one refuses the trace, naming both.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> overlapping(std::uint64_t addr,
+                                                                     std::uint64_t size) const;
+
   /// Adds a block live from before the recording to its end (never freed in it).
   void live_throughout(std::uint64_t addr, std::uint64_t size, std::uint32_t stream);
 
@@ -56,6 +63,7 @@ class AddressLifetimes {
   Trace& trace_;
   std::unordered_map<std::uint64_t, std::uint64_t> live_;  ///< address -> provisional id
   std::unordered_map<std::uint64_t, std::uint64_t> size_;  ///< provisional id -> size, while live
+  std::map<std::uint64_t, std::uint64_t> spans_;           ///< live allocation's address -> its end
   std::unordered_set<std::uint64_t> freed_;  ///< addresses whose last event was a free
   std::uint64_t allocations_ = 0;
 };

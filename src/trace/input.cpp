@@ -101,8 +101,15 @@ std::size_t size_hint(std::string_view compressed, std::uint64_t max_bytes) {
 [[noreturn]] void throw_over_limit(const std::string& name, std::uint64_t max_bytes) {
   throw InvalidArgument(fmt::format(
       "{}: gzip stream decompresses to more than {} bytes, the limit that guards against "
-      "decompression bombs",
+      "decompression bombs (--max-input-size)",
       name, max_bytes));
+}
+
+[[noreturn]] void throw_file_over_limit(const std::string& name, std::uint64_t max_bytes) {
+  throw InvalidArgument(
+      fmt::format("{}: the file holds more than {} bytes, the limit on input size "
+                  "(--max-input-size)",
+                  name, max_bytes));
 }
 
 /// Inflates one gzip member starting at `compressed[*consumed]`, advancing `*consumed` past it.
@@ -145,6 +152,56 @@ bool all_zero(std::string_view bytes) noexcept {
 struct FileCloser {
   void operator()(std::FILE* file) const noexcept { std::fclose(file); }
 };
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+/// The start of the content of a gzip stream whose first bytes are `head`: at most
+/// `input_prefix_bytes`, fewer when `head` ends sooner. Only a corrupt start is an error here;
+/// an end that `head` does not reach is for the full decompression to judge.
+std::string gunzip_prefix(std::string_view head, const std::string& name) {
+  Inflater inflater(name);
+  z_stream& stream = inflater.stream();
+  std::string prefix(input_prefix_bytes, '\0');
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(head.data()));
+  stream.avail_in = static_cast<uInt>(head.size());
+  stream.next_out = reinterpret_cast<Bytef*>(prefix.data());
+  stream.avail_out = static_cast<uInt>(prefix.size());
+  const int status = inflate(&stream, Z_SYNC_FLUSH);
+  if (status == Z_MEM_ERROR) throw std::bad_alloc();
+  if (status == Z_DATA_ERROR || status == Z_NEED_DICT || status == Z_STREAM_ERROR) {
+    throw InvalidArgument(fmt::format("{}: not a valid gzip stream: {}", name, inflater.message()));
+  }
+  prefix.resize(prefix.size() - stream.avail_out);
+  return prefix;
+}
+
+/// Appends up to `limit - bytes.size()` more bytes of `file` to `bytes`; true when the file
+/// ended within the limit.
+bool read_up_to(std::FILE* file, std::string& bytes, std::uint64_t limit, const std::string& path) {
+  char chunk[std::size_t{1} << 16];
+  while (bytes.size() < limit) {
+    const std::size_t want =
+        static_cast<std::size_t>(std::min<std::uint64_t>(sizeof chunk, limit - bytes.size()));
+    const std::size_t count = std::fread(chunk, 1, want, file);
+    bytes.append(chunk, count);
+    if (count < want) {
+      if (std::ferror(file) != 0) {
+        throw InvalidArgument(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
+      }
+      return true;
+    }
+  }
+  const int next = std::fgetc(file);  // the limit reached: is there more?
+  if (next == EOF) return std::ferror(file) == 0;
+  std::ungetc(next, file);
+  return false;
+}
+
+/// Reserves room for the whole file when its size is known and within `max_bytes`.
+void reserve_for(const std::string& path, std::string& bytes, std::uint64_t max_bytes) {
+  std::error_code ignored;  // the size is only a hint; reading tells the truth
+  const std::uintmax_t size = std::filesystem::file_size(path, ignored);
+  if (!ignored && size <= max_bytes) bytes.reserve(static_cast<std::size_t>(size));
+}
 
 }  // namespace
 
@@ -167,22 +224,25 @@ std::string gunzip(std::string_view compressed, const std::string& name, std::ui
   return std::move(output).take();
 }
 
-std::string read_file(const std::string& path, std::uint64_t max_bytes) {
-  const std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
+std::string read_file(const std::string& path, std::uint64_t max_bytes, const PrefixCheck& check) {
+  const File file(std::fopen(path.c_str(), "rb"));
   if (!file) {
     throw InvalidArgument(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   }
   std::string bytes;
-  std::error_code ignored;  // the size is only a hint; reading tells the truth
-  const std::uintmax_t size_hint_bytes = std::filesystem::file_size(path, ignored);
-  if (!ignored) bytes.reserve(static_cast<std::size_t>(size_hint_bytes));
-  char chunk[std::size_t{1} << 16];
-  std::size_t count = 0;
-  while ((count = std::fread(chunk, 1, sizeof chunk, file.get())) > 0) bytes.append(chunk, count);
-  if (std::ferror(file.get()) != 0) {
-    throw InvalidArgument(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
+  // The first block decides whether the rest is worth reading.
+  bool ended = read_up_to(file.get(), bytes, input_prefix_bytes, path);
+  const bool gzip = is_gzip(bytes);
+  if (check) check(gzip ? std::string_view(gunzip_prefix(bytes, path)) : std::string_view(bytes));
+  // Compressed data hardly ever outgrows its content; the slack lets a limit below the first
+  // block still read small gzip files whole.
+  const std::uint64_t raw_limit = gzip ? max_bytes + input_prefix_bytes : max_bytes;
+  if (!ended) {
+    reserve_for(path, bytes, raw_limit);
+    ended = read_up_to(file.get(), bytes, raw_limit, path);
   }
-  if (is_gzip(bytes)) return gunzip(bytes, path, max_bytes);
+  if (!ended || bytes.size() > raw_limit) throw_file_over_limit(path, max_bytes);
+  if (gzip) return gunzip(bytes, path, max_bytes);
   return bytes;
 }
 

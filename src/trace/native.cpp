@@ -7,11 +7,11 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
-#include <fstream>
 #include <iterator>
 #include <sstream>
 
 #include "cistern/errors.hpp"
+#include "snapshot/file_output.hpp"
 #include "trace/native_text.hpp"
 
 namespace cistern::trace {
@@ -202,10 +202,7 @@ void write_native_file(const std::string& path, const Trace& trace) {
   std::string bytes = text.str();
   const bool gzip = path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
   if (gzip) bytes = native::gzip(bytes, path);
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  file.close();
-  if (!file) throw Error(fmt::format("{}: cannot write the trace file", path));
+  cistern::detail::write_whole_file(path, bytes, "trace");
 }
 
 }  // namespace cistern::trace

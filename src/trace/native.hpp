@@ -71,7 +71,8 @@ class NativeWriter {
 void write_native(std::ostream& out, const Trace& trace);
 
 /// Writes the whole `trace` to the file `path`, gzip-compressed when `path` ends in ".gz".
-/// Throws as `write_native`, or `cistern::Error` naming `path` when it cannot be written.
+/// Throws as `write_native`, or `cistern::InvalidArgument` naming `path` and the OS reason when
+/// it cannot be written.
 void write_native_file(const std::string& path, const Trace& trace);
 
 }  // namespace cistern::trace

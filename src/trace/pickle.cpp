@@ -504,6 +504,12 @@ void Machine::run() {
     op_ = data_[pos_++];
     dispatch();
   }
+  // pickle.load would ignore what follows STOP; a snapshot file holds one pickle, so more
+  // bytes mean a damaged or spliced file.
+  if (pos_ < size_) {
+    op_offset_ = pos_;
+    fail(fmt::format("{} bytes of data after the pickle's STOP", size_ - pos_));
+  }
 }
 
 void Machine::reject() const {

@@ -69,6 +69,9 @@ struct Place {
   }
   std::int64_t integer(Value dict, std::string_view key) const {
     const Value value = field(dict, key);
+    if (value.kind() == pickle::Kind::big_integer) {
+      fail(fmt::format("'{}' is {}, an integer beyond the 64-bit range", key, value.describe(40)));
+    }
     if (!value.is_int()) {
       fail(fmt::format("'{}' is {} {}, expected an int", key, value.type_name(),
                        value.describe(40)));
@@ -209,9 +212,10 @@ class WindowReader {
     if (lifetimes_.live_at(addr)) {
       at.fail(fmt::format("alloc at {:#x}, which is already allocated and not freed", addr));
     }
+    const std::uint64_t size = at.size(event, "size");
+    refuse_overlap(at, "alloc", addr, size);
     pending_.erase(addr);
-    lifetimes_.alloc(addr, at.size(event, "size"), streams_.index(at.stream(event)),
-                     time(event, at, position));
+    lifetimes_.alloc(addr, size, streams_.index(at.stream(event)), time(event, at, position));
   }
 
   void on_free_requested(Value event, const Place& at, std::size_t position) {
@@ -339,7 +343,18 @@ class WindowReader {
                             addr));
       }
       const char* key = block.find("requested_size") ? "requested_size" : "size";
-      lifetimes_.live_throughout(addr, at.size(block, key), stream);
+      const std::uint64_t size = at.size(block, key);
+      refuse_overlap(at, "active_allocated block", addr, size);
+      lifetimes_.live_throughout(addr, size, stream);
+    }
+  }
+
+  /// Fails when [addr, addr + size) shares bytes with an allocation live at that point.
+  void refuse_overlap(const Place& at, std::string_view what, std::uint64_t addr,
+                      std::uint64_t size) const {
+    if (const auto other = lifetimes_.overlapping(addr, size)) {
+      at.fail(fmt::format("{} of {} bytes at {:#x} overlaps the live allocation [{:#x}, {:#x})",
+                          what, size, addr, other->first, other->second));
     }
   }
 

@@ -26,6 +26,16 @@ constexpr std::array<std::pair<Format, const char*>, 5> format_names{{
 }};
 
 constexpr unsigned char pickle_proto = 0x80;
+/// The pickle protocols that open with PROTO (2 to 5); PyTorch writes 2 or 4.
+constexpr unsigned char min_pickle_protocol = 2;
+constexpr unsigned char max_pickle_protocol = 5;
+constexpr std::string_view utf8_bom = "\xef\xbb\xbf";
+
+bool is_pickle(std::string_view bytes) {
+  if (bytes.size() < 2 || static_cast<unsigned char>(bytes[0]) != pickle_proto) return false;
+  const auto protocol = static_cast<unsigned char>(bytes[1]);
+  return protocol >= min_pickle_protocol && protocol <= max_pickle_protocol;
+}
 
 /// The first line of a text, without "\r".
 std::string_view first_line(std::string_view bytes) {
@@ -38,9 +48,8 @@ bool starts_with(std::string_view text, std::string_view prefix) {
   return text.substr(0, prefix.size()) == prefix;
 }
 
-/// True if the text after blanks and a UTF-8 byte order mark opens a JSON object or array.
+/// True if the text after blanks opens a JSON object or array.
 bool looks_like_json(std::string_view bytes) {
-  if (starts_with(bytes, "\xef\xbb\xbf")) bytes.remove_prefix(3);
   const std::size_t first = bytes.find_first_not_of(" \t\r\n");
   return first != std::string_view::npos && (bytes[first] == '{' || bytes[first] == '[');
 }
@@ -53,6 +62,11 @@ bool names_columns(std::string_view line, std::initializer_list<std::string_view
     if (std::find(fields.begin(), fields.end(), column) == fields.end()) return false;
   }
   return true;
+}
+
+/// Editors on Windows start text with a UTF-8 byte order mark; the text readers never see it.
+void drop_bom(std::string& bytes, Format format) {
+  if (format != Format::pytorch && starts_with(bytes, utf8_bom)) bytes.erase(0, utf8_bom.size());
 }
 
 Trace read_as(Format format, std::string bytes, const std::string& name,
@@ -84,8 +98,8 @@ std::optional<Format> format_from_string(std::string_view name) noexcept {
 }
 
 Format detect_format(std::string_view bytes, const std::string& name) {
-  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == pickle_proto)
-    return Format::pytorch;
+  if (is_pickle(bytes)) return Format::pytorch;
+  if (starts_with(bytes, utf8_bom)) bytes.remove_prefix(utf8_bom.size());
   if (starts_with(bytes, native_magic)) return Format::cistern;
   if (looks_like_json(bytes)) return Format::kineto;
   const std::string_view header = first_line(bytes);
@@ -99,20 +113,34 @@ Format detect_format(std::string_view bytes, const std::string& name) {
 }
 
 Trace read_trace_bytes(std::string bytes, const std::string& name, const ReadOptions& options) {
-  if (is_gzip(bytes)) bytes = gunzip(bytes, name);
+  if (is_gzip(bytes)) bytes = gunzip(bytes, name, options.max_input_size);
+  if (bytes.size() > options.max_input_size) {
+    throw InvalidArgument(
+        fmt::format("{}: more than {} bytes, the limit on input size "
+                    "(--max-input-size)",
+                    name, options.max_input_size));
+  }
   const Format format = options.format ? *options.format : detect_format(bytes, name);
+  drop_bom(bytes, format);
   Trace trace = read_as(format, std::move(bytes), name, options);
   trace.check();
   return trace;
 }
 
+std::string read_input(const std::string& path, const ReadOptions& options) {
+  PrefixCheck check;
+  if (!options.format) check = [&path](std::string_view prefix) { detect_format(prefix, path); };
+  return read_file(path, options.max_input_size, check);
+}
+
 Trace read_trace(const std::string& path, const ReadOptions& options) {
-  return read_trace_bytes(read_file(path), path, options);
+  return read_trace_bytes(read_input(path, options), path, options);
 }
 
 std::vector<int> list_devices(const std::string& path, const ReadOptions& options) {
-  std::string bytes = read_file(path);
+  std::string bytes = read_input(path, options);
   const Format format = options.format ? *options.format : detect_format(bytes, path);
+  drop_bom(bytes, format);
   if (format == Format::pytorch) return detail::pytorch_snapshot_devices(std::move(bytes), path);
   if (format == Format::kineto) return detail::kineto_devices(std::move(bytes), path);
   if (format == Format::cistern) return {read_trace_bytes(std::move(bytes), path, options).device};

@@ -75,15 +75,21 @@ struct ReadOptions {
   /// Lifetime lists only: multiply every size by this (minimalloc's sets are in normalised
   /// units). Rounded to the nearest byte; must be positive. Other formats accept only 1.
   double scale = 1;
+  /// The most bytes a trace file may hold after decompression (`--max-input-size`): reading
+  /// stops with an error beyond it, so memory stays bounded whatever the file.
+  std::uint64_t max_input_size = std::uint64_t{2} << 30;
 };
 
-/// The format of a file's content (already decompressed): a pickle opcode byte 0x80 (PROTO),
-/// the line "# cistern-trace", a JSON object or array, or a CSV header naming the lifetime or
-/// RMM columns. `name` labels the error thrown when nothing matches.
+/// The format of a file's content (already decompressed; its first block is enough): a pickle
+/// PROTO opcode (0x80 and a protocol from 2 to 5), the line "# cistern-trace", a JSON object or
+/// array, or a CSV header naming the lifetime or RMM columns; a UTF-8 byte order mark before
+/// the text formats is allowed. `name` labels the error thrown when nothing matches.
 Format detect_format(std::string_view bytes, const std::string& name);
 
-/// Reads the trace file at `path` (gzipped or not) for one device. The result passes
-/// `Trace::check`. Throws `cistern::InvalidArgument` as described at the top of this header.
+/// Reads the trace file at `path` (gzipped or not) for one device. The format is recognised from
+/// the file's first block before the rest is read, so that a file that is no trace is refused
+/// at once. A UTF-8 byte order mark and CRLF line ends are read as their plain forms. The result
+/// passes `Trace::check`. Throws `cistern::InvalidArgument` as described at the top of this header.
 Trace read_trace(const std::string& path, const ReadOptions& options = {});
 
 /// The same, from the bytes of a file already in memory (gzipped or not); `name` labels messages
@@ -94,6 +100,10 @@ Trace read_trace_bytes(std::string bytes, const std::string& name, const ReadOpt
 /// order (`list_devices`); only `options.device` when it is set. A file of one device gives one
 /// trace, as `read_trace` does.
 std::vector<Trace> read_trace_devices(const std::string& path, const ReadOptions& options = {});
+/// The content of the trace file at `path`, decompressed, bounded by `options.max_input_size`;
+/// unless `options.format` is set, a file whose first block is no trace format is refused
+/// before the rest is read (see `detect_format`).
+std::string read_input(const std::string& path, const ReadOptions& options = {});
 
 /// The devices a trace file holds, ascending: those with events or, for PyTorch snapshots,
 /// segments. Single-device formats give `options.device` or 0.

@@ -221,6 +221,55 @@ TEST_F(Plugin, FreesOnStreamsAndRecordStream) {
   EXPECT_EQ(cistern_misuse_count(), 0u);
 }
 
+TEST_F(Plugin, UnknownStreamHandleIsMisuseInMallocFreeAndRecordStream) {
+  auto* bogus = reinterpret_cast<cistern_stream_t>(std::uintptr_t{0xdead0});
+  const std::string unknown = "unknown stream handle 0xdead0";
+  EXPECT_EQ(cistern_malloc(4096, 0, bogus), nullptr);
+  EXPECT_EQ(cistern_last_error_code(), CISTERN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("malloc on device 0: " + unknown), std::string::npos) << last_error();
+  EXPECT_EQ(cistern_misuse_count(), 1u);
+
+  void* p = cistern_malloc(4096, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  cistern_free(p, 4096, 0, bogus);  // refused the same way; the block stays allocated
+  EXPECT_EQ(cistern_last_error_code(), CISTERN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("free on device 0: " + unknown), std::string::npos) << last_error();
+  EXPECT_EQ(cistern_misuse_count(), 2u);
+  EXPECT_EQ(stat("allocated_bytes.all.current"), 4096);
+
+  cistern_record_stream(p, bogus);
+  EXPECT_EQ(cistern_last_error_code(), CISTERN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(cistern_misuse_count(), 3u);
+  cistern_free(p, 4096, 0, nullptr);
+  cistern_empty_cache();
+  EXPECT_EQ(stat("allocated_bytes.all.current"), 0);
+  EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_F(Plugin, OutOfMemoryMessageSaysWhatWasAskedAndWhereMemoryIs) {
+  void* held = cistern_malloc(600 * kMiB, 0, nullptr);
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(cistern_malloc(24879916 * std::size_t{30}, 0, nullptr), nullptr);
+  EXPECT_EQ(cistern_last_error_code(), CISTERN_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(last_error(),
+            "cistern: out of memory on device 0: requested 746397480 bytes (711.82 MiB), of "
+            "which the device has 424.00 MiB free out of 1.00 GiB. cistern has 600.00 MiB "
+            "reserved: 600.00 MiB allocated to the program and 0 bytes cached (free blocks kept "
+            "for reuse; the largest that could serve this request is 0 bytes).");
+  cistern_free(held, 600 * kMiB, 0, nullptr);
+}
+
+TEST_F(Plugin, SnapshotWriteErrorsAreInvalidArgumentsWithTheOsReason) {
+  ASSERT_EQ(cistern_record_history(1, 0), CISTERN_OK);
+  const std::string missing = "/nonexistent-folder-of-cistern/snapshot.pickle";
+  EXPECT_EQ(cistern_write_snapshot(missing.c_str()), CISTERN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "snapshot: cannot write '" + missing + "': No such file or directory");
+  if (std::filesystem::exists("/dev/full")) {
+    EXPECT_EQ(cistern_write_snapshot("/dev/full"), CISTERN_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(last_error(), "snapshot: cannot write '/dev/full': No space left on device");
+  }
+}
+
 TEST_F(Plugin, SimulatedStreamsNeedTheSimBackend) {
   setenv("CISTERN_BACKEND", "cuda", 1);
   cistern_shutdown();
