@@ -25,7 +25,7 @@ Command add_options_command(CLI::App& parent) {
       "options", "Print the allocator options table (CISTERN_ALLOC_CONF keys, policy options)");
   app->footer(kExitCodesHelp);
   return {app, [](const std::string&) {
-            std::cout << options_markdown();
+            detail::write_stdout(options_markdown());
             return kExitOk;
           }};
 }
@@ -97,9 +97,9 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", std::string("cistern ") + CISTERN_VERSION);
   app.require_subcommand(1);
   app.footer(kExitCodesHelp);
-  const std::vector<Command> commands = {add_replay_command(app), add_info_command(app),
+  const std::vector<Command> commands = {add_replay_command(app),  add_info_command(app),
                                          add_convert_command(app), add_options_command(app),
-                                         add_advise_command(app), add_plan_command(app)};
+                                         add_advise_command(app),  add_plan_command(app)};
   wrap_help(app);
   app.description(wrap(app.get_description(), 98));
   try {

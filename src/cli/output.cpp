@@ -2,7 +2,6 @@
 //
 // Writing a command's output file (a report, a converted trace), or stdout for "-". Every write
 // is checked (snapshot/file_output.hpp): a full disk is an error naming the file, never exit 0.
-#include <iostream>
 #include <string>
 
 #include "cli/cli.hpp"
@@ -12,8 +11,7 @@ namespace cistern::cli {
 
 void write_output(const std::string& path, const std::string& content, const std::string& what) {
   if (path == "-") {
-    std::cout << content;
-    detail::flush_stdout();
+    detail::write_stdout(content);
     return;
   }
   detail::write_whole_file(path, content, what);

@@ -18,6 +18,13 @@ std::string os_reason(int error) {
   return error != 0 ? std::strerror(error) : std::string("write error");
 }
 
+/// Clears standard output's error state and throws for the failure `error` (an errno value).
+[[noreturn]] void stdout_failed(int error) {
+  std::cout.clear();
+  std::clearerr(stdout);
+  throw InvalidArgument(fmt::format("cannot write to standard output: {}", os_reason(error)));
+}
+
 }  // namespace
 
 void write_whole_file(const std::string& path, std::string_view bytes, std::string_view what) {
@@ -47,10 +54,14 @@ void flush_stdout() {
   errno = 0;
   const bool flushed = std::fflush(stdout) == 0 && std::ferror(stdout) == 0;
   if (stream_good && flushed) return;
-  const int error = errno != 0 ? errno : stream_error;
-  std::cout.clear();
-  std::clearerr(stdout);
-  throw InvalidArgument(fmt::format("cannot write to standard output: {}", os_reason(error)));
+  stdout_failed(errno != 0 ? errno : stream_error);
+}
+
+void write_stdout(std::string_view text) {
+  errno = 0;
+  std::cout.write(text.data(), static_cast<std::streamsize>(text.size()));
+  if (!std::cout) stdout_failed(errno);
+  flush_stdout();
 }
 
 }  // namespace cistern::detail

@@ -19,4 +19,8 @@ void write_whole_file(const std::string& path, std::string_view bytes, std::stri
 /// "cannot write to standard output: <OS reason>" when any write to it failed.
 void flush_stdout();
 
+/// Writes `text` to standard output and flushes it, with the same error. A large text fails in
+/// the write itself (before any flush), so the OS reason is taken there.
+void write_stdout(std::string_view text);
+
 }  // namespace cistern::detail
