@@ -185,7 +185,7 @@ void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
   }
 }
 
-void StreamPool::process_events(Device& device, EventPool& events) {
+void StreamPool::process_events(Device& device) {
   for (PendingQueue& queue : pending_) {
     while (!queue.entries.empty()) {
       const PendingFree front = queue.entries.front();
@@ -194,20 +194,20 @@ void StreamPool::process_events(Device& device, EventPool& events) {
       check_device(device, status, DeviceOp::query_event);
       queue.entries.pop_front();
       --pending_count_;
-      events.release(front.event);
+      keep_spare_event(front.event);
       if (--front.block->pending_events == 0) retire_pending(front.block);
     }
   }
 }
 
-void StreamPool::synchronize_events(Device& device, EventPool& events) {
+void StreamPool::synchronize_events(Device& device) {
   for (PendingQueue& queue : pending_) {
     while (!queue.entries.empty()) {
       const PendingFree front = queue.entries.front();
       check_device(device, device.synchronize_event(front.event), DeviceOp::synchronize_event);
       queue.entries.pop_front();
       --pending_count_;
-      events.release(front.event);
+      keep_spare_event(front.event);
       if (--front.block->pending_events == 0) retire_pending(front.block);
     }
   }

@@ -199,11 +199,24 @@ class StreamPool {
   void make_pending(Block* b, const std::vector<Event>& events, const std::vector<Stream>& streams);
   /// Whether any free is pending.
   bool has_pending() const noexcept { return pending_count_ != 0; }
-  /// Caches every pending block whose events have completed. Throws DeviceError (leaving the
-  /// pool consistent) when a query fails.
-  void process_events(Device& device, EventPool& events);
+  /// Caches every pending block whose events have completed; their events become this pool's
+  /// spares. Throws DeviceError (leaving the pool consistent) when a query fails.
+  void process_events(Device& device);
   /// Waits for every pending event and caches the blocks. Throws DeviceError on failure.
-  void synchronize_events(Device& device, EventPool& events);
+  void synchronize_events(Device& device);
+  /// Takes one of this pool's spare events (recorded and completed before); false if none.
+  /// Frees on another stream cycle their events through the pool they free into, so that the
+  /// cross-stream path needs neither the allocator-wide event pool nor its lock.
+  bool take_spare_event(Event* event) noexcept {
+    if (spare_events_.empty()) return false;
+    *event = spare_events_.back();
+    spare_events_.pop_back();
+    return true;
+  }
+  /// Keeps an event for reuse by this pool.
+  void keep_spare_event(Event event) { spare_events_.push_back(event); }
+  /// Gives up every spare event (to the allocator's event pool, before the pool is destroyed).
+  std::vector<Event> drain_spare_events() noexcept { return std::move(spare_events_); }
 
   // --- segments (pool lock and global lock held) -------------------------------------------------
 
@@ -341,6 +354,7 @@ class StreamPool {
   std::size_t allocated_count_ = 0;
   std::vector<PendingQueue> pending_;
   std::size_t pending_count_ = 0;
+  std::vector<Event> spare_events_;  // completed events, reused by frees into this pool
   Segment* segments_ = nullptr;
   std::size_t segment_count_ = 0;
   std::uint64_t lookups_[2] = {0, 0};
