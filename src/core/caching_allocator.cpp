@@ -365,6 +365,16 @@ std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
   throw_invalid_pointer(addr, "allocation_size");
 }
 
+std::optional<std::size_t> CachingAllocator::Impl::requested_size(void* ptr) const noexcept {
+  std::size_t requested = 0;
+  // As in allocation_size: the entry pins the block, whose requested size is fixed until freed.
+  const bool found =
+      blocks_.with(reinterpret_cast<std::uintptr_t>(ptr),
+                   [&requested](const Block& b) noexcept { requested = b.requested; });
+  if (!found) return std::nullopt;
+  return requested;
+}
+
 std::pair<void*, std::size_t> CachingAllocator::Impl::base_allocation(void* ptr) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   std::pair<void*, std::size_t> base{nullptr, 0};
@@ -516,6 +526,9 @@ std::size_t CachingAllocator::allocation_size(void* ptr) const {
   return impl_->allocation_size(ptr);
 }
 
+std::optional<std::size_t> CachingAllocator::requested_size(void* ptr) const noexcept {
+  return impl_->requested_size(ptr);
+}
 std::pair<void*, std::size_t> CachingAllocator::base_allocation(void* ptr) const {
   return impl_->base_allocation(ptr);
 }
