@@ -138,8 +138,11 @@ class StreamPool {
   void* take(Block* b, std::size_t size, std::size_t requested) {
     const bool small = !b->segment->large;
     CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->size >= size && size >= requested);
-    unindex(b);
-    if (policy_.should_split(b->size, size, small)) split(b, size);
+    if (policy_.should_split(b->size, size, small)) {
+      split(b, size);
+    } else {
+      unindex(b);
+    }
     hand_out(b, requested, small);
     after_hot_operation();
     return reinterpret_cast<void*>(b->addr);
@@ -339,9 +342,12 @@ class StreamPool {
   // Index bookkeeping: the block index, the whole-segment list and inactive_split.
   void index_block(Block* b) noexcept;
   void unindex(Block* b) noexcept;
+  void list(Block* b) noexcept;    // the bookkeeping of index_block beside the BlockIndex
+  void unlist(Block* b) noexcept;  // the bookkeeping of unindex beside the BlockIndex
   void split(Block* b, std::size_t size);
   void coalesce(Block* b) noexcept;
   void absorb(Block* into, Block* gone) noexcept;
+  void join(Block* into, Block* gone) noexcept;
   void link_segment(Segment* s) noexcept;
   void unlink_segment(Segment* s) noexcept;
 
