@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -100,6 +101,26 @@ TEST(Api, BaseAllocationNamesTheSegmentOfAnyStreamsBlock) {
   EXPECT_THROW(alloc.base_allocation(c), InvalidPointer);
   alloc.deallocate(a, s1);
   alloc.deallocate(b, s2);
+  alloc.check();
+}
+
+TEST(Api, RequestedSizeIsTheCallersSizeWhileLive) {
+  SimDevice device;
+  CachingAllocator alloc(device);
+  const Stream s1 = device.create_stream();
+  const Stream s2 = device.create_stream();
+  void* a = alloc.allocate(1000, s1);  // rounded to 1024
+  void* b = alloc.allocate(3 * MiB + 1, s2);
+  EXPECT_EQ(alloc.requested_size(a), std::optional<std::size_t>(1000));
+  EXPECT_EQ(alloc.requested_size(b), std::optional<std::size_t>(3 * MiB + 1));
+  EXPECT_EQ(alloc.allocation_size(a), 1024u);
+  EXPECT_EQ(alloc.requested_size(static_cast<char*>(a) + 512), std::nullopt);  // interior
+  int foreign = 0;
+  EXPECT_EQ(alloc.requested_size(&foreign), std::nullopt);
+  alloc.deallocate(a, s2);  // on another stream: pending, no longer live
+  EXPECT_EQ(alloc.requested_size(a), std::nullopt);
+  alloc.deallocate(b, s2);
+  EXPECT_EQ(alloc.requested_size(b), std::nullopt);
   alloc.check();
 }
 

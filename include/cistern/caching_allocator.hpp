@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +56,11 @@ class CachingAllocator final : public Allocator {
   void reset_accumulated_stats();
   /// The size of the block that serves `ptr` (rounded), or throws `InvalidPointer`.
   std::size_t allocation_size(void* ptr) const;
+  /// The caller's (unrounded) size of the live allocation at `ptr`, or nullopt when `ptr` is not
+  /// an allocation of this allocator that is live (freed, interior, foreign). O(1), no global
+  /// lock: one probe of the pointer map. Frameworks that pass the size back on free (the
+  /// plug-in's C ABI) validate it with this.
+  std::optional<std::size_t> requested_size(void* ptr) const noexcept;
   /// The device allocation (segment) that holds the allocated block at `ptr`: its base address
   /// and size, as PyTorch's `getBaseAllocation`. O(1), no global lock; throws `InvalidPointer`
   /// for a pointer that `allocate` did not return or that was freed.

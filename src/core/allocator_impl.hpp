@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -93,6 +94,7 @@ class CachingAllocator::Impl {
   Snapshot snapshot() const;
   void check() const;
   std::size_t allocation_size(void* ptr) const;
+  std::optional<std::size_t> requested_size(void* ptr) const noexcept;
   std::pair<void*, std::size_t> base_allocation(void* ptr) const;
   void set_memory_fraction(double fraction);
   void record_history(bool enabled, std::size_t max_entries);

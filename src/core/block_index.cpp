@@ -80,24 +80,6 @@ Block* lower_bound(Block* tree, std::size_t size) noexcept {
 
 }  // namespace
 
-int BlockIndex::bin_of(std::size_t size) noexcept {
-  if (size < (std::size_t{1} << kLinearLimitLog2)) return static_cast<int>(size >> kLinearShift);
-  const int octave = log2_floor(size);
-  const int sub = static_cast<int>(size >> (octave - kSubBinBits)) & ((1 << kSubBinBits) - 1);
-  return (1 << kSubBinBits) + ((octave - kLinearLimitLog2) << kSubBinBits) + sub;
-}
-
-void BlockIndex::mark(int bin) noexcept {
-  bins_used_[static_cast<std::size_t>(bin >> 6)] |= std::uint64_t{1} << (bin & 63);
-  words_used_ |= std::uint64_t{1} << (bin >> 6);
-}
-
-void BlockIndex::unmark(int bin) noexcept {
-  auto& word = bins_used_[static_cast<std::size_t>(bin >> 6)];
-  word &= ~(std::uint64_t{1} << (bin & 63));
-  if (word == 0) words_used_ &= ~(std::uint64_t{1} << (bin >> 6));
-}
-
 int BlockIndex::next_used_bin(int after) const noexcept {
   const int first = after + 1;
   if (first >= kBins) return -1;
@@ -134,6 +116,35 @@ void BlockIndex::remove(Block* block) noexcept {
   block->left = block->right = nullptr;
   if (roots_[static_cast<std::size_t>(bin)] == nullptr) unmark(bin);
   --count_;
+}
+
+void BlockIndex::replace(Block* old, Block* fresh) noexcept {
+  const int bin = old->bin;
+  Block*& root = roots_[static_cast<std::size_t>(bin)];
+  if (root != old || old->left != nullptr || old->right != nullptr) {
+    remove(old);
+    insert(fresh);
+    return;
+  }
+  const int fresh_bin = bin_of(fresh->size);
+  if (fresh_bin == bin) {  // alone, and the bin stays the same: fresh takes the root
+    fresh->bin = old->bin;
+    fresh->left = fresh->right = nullptr;
+    root = fresh;
+    return;
+  }
+  root = nullptr;
+  unmark(bin);
+  Block*& fresh_root = roots_[static_cast<std::size_t>(fresh_bin)];
+  if (fresh_root != nullptr) {
+    --count_;
+    insert(fresh);
+    return;
+  }
+  fresh->bin = static_cast<std::uint16_t>(fresh_bin);  // alone in an empty bin
+  fresh->left = fresh->right = nullptr;
+  fresh_root = fresh;
+  mark(fresh_bin);
 }
 
 Block* BlockIndex::best_fit(std::size_t size) const noexcept {

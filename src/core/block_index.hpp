@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "block.hpp"
+#include "size_policy.hpp"
 
 namespace cistern::detail {
 
@@ -44,6 +45,10 @@ class BlockIndex {
   void insert(Block* block) noexcept;
   /// Removes a block that is in the index.
   void remove(Block* block) noexcept;
+  /// Removes `old` (in the index, with its key unchanged) and adds `fresh`: what remove and
+  /// insert do, without a search when `old` is alone in its bin (a split or coalesce of the
+  /// only cached block of a size range, the common case of a hot pair).
+  void replace(Block* old, Block* fresh) noexcept;
   /// The smallest block of at least `size` (lowest address among equals), or nullptr.
   Block* best_fit(std::size_t size) const noexcept;
   /// Blocks held.
@@ -94,5 +99,24 @@ class BlockIndex {
   std::size_t count_ = 0;
   static_assert(kWords <= 64, "the second bitmap level must fit one word");
 };
+
+// Inline: every split and coalesce of the hot path computes bins and flips bitmap bits.
+inline int BlockIndex::bin_of(std::size_t size) noexcept {
+  if (size < (std::size_t{1} << kLinearLimitLog2)) return static_cast<int>(size >> kLinearShift);
+  const int octave = log2_floor(size);
+  const int sub = static_cast<int>(size >> (octave - kSubBinBits)) & ((1 << kSubBinBits) - 1);
+  return (1 << kSubBinBits) + ((octave - kLinearLimitLog2) << kSubBinBits) + sub;
+}
+
+inline void BlockIndex::mark(int bin) noexcept {
+  bins_used_[static_cast<std::size_t>(bin >> 6)] |= std::uint64_t{1} << (bin & 63);
+  words_used_ |= std::uint64_t{1} << (bin >> 6);
+}
+
+inline void BlockIndex::unmark(int bin) noexcept {
+  auto& word = bins_used_[static_cast<std::size_t>(bin >> 6)];
+  word &= ~(std::uint64_t{1} << (bin & 63));
+  if (word == 0) words_used_ &= ~(std::uint64_t{1} << (bin >> 6));
+}
 
 }  // namespace cistern::detail

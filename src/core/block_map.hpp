@@ -40,8 +40,7 @@ class BlockMap {
   Block* extract_owned(std::uintptr_t addr, const StreamPool* owner) noexcept {
     Shard& s = shard(addr);
     std::lock_guard<SpinLock> lock(s.mutex);
-    const Block* b = s.map.find(addr);
-    return b != nullptr && b->segment->owner == owner ? s.map.extract(addr) : nullptr;
+    return s.map.extract_if(addr, [owner](const Block* b) { return b->segment->owner == owner; });
   }
   /// The block at `addr`, or nullptr. The block stays valid only while nothing frees it.
   Block* find(std::uintptr_t addr) const noexcept {

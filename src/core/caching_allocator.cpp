@@ -81,6 +81,10 @@ CachingAllocator::Impl::~Impl() {
   } catch (const Error&) {
     // The device is failing (or, with CUDA, already shut down): what is left is its to reclaim.
   }
+  // The pools' spare events go to the event pool, whose destructor destroys them.
+  for (const auto& pool : pools_.all()) {
+    for (Event e : pool->drain_spare_events()) events_.release(e);
+  }
 }
 
 void CachingAllocator::Impl::update_allowed() {
@@ -147,7 +151,7 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
   const bool small = policy_.is_small(size);
   if (!config_.pass_through) {
     std::lock_guard<detail::SpinLock> lock(pool.mutex);
-    if (pool.has_pending()) pool.process_events(device_, events_);
+    if (pool.has_pending()) pool.process_events(device_);
     if (small) {
       if (void* p = pool.take_parked(size, bytes)) return p;
     }
@@ -165,7 +169,7 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   std::lock_guard<std::mutex> global(mutex_);
   std::lock_guard<detail::SpinLock> lock(pool.mutex);
   if (config_.pass_through) return allocate_pass_through(pool, size, bytes, small);
-  if (pool.has_pending()) pool.process_events(device_, events_);
+  if (pool.has_pending()) pool.process_events(device_);
   if (small) {
     if (void* p = pool.take_parked(size, bytes)) return p;  // freed meanwhile
   }
@@ -300,18 +304,23 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
 // on the freeing stream if it is not the block's own); the block is cached once they have all
 // completed, and true is returned. If events cannot be recorded, waits for those streams now
 // instead and caches the block at once (false); if even that fails, throws with the block still
-// allocated.
+// allocated. The events come from the pool's spares first: in a steady state this path allocates
+// nothing and takes no lock but the pool's.
 bool CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream stream) {
-  std::vector<Stream> streams = b->stream_uses;
+  // Scratch lists, reused by every free of this thread (cleared first: a throw may leave them).
+  thread_local std::vector<Stream> streams;
+  thread_local std::vector<Event> recorded;
+  streams.assign(b->stream_uses.begin(), b->stream_uses.end());
+  recorded.clear();
   if (stream != pool.stream && std::find(streams.begin(), streams.end(), stream) == streams.end()) {
     streams.push_back(stream);
   }
-  std::vector<Event> recorded;
   try {
     for (Stream s : streams) {
-      recorded.push_back(events_.acquire());
-      detail::check_device(device_, device_.record_event(recorded.back(), s),
-                           DeviceOp::record_event);
+      Event event;
+      if (!pool.take_spare_event(&event)) event = events_.acquire();
+      recorded.push_back(event);
+      detail::check_device(device_, device_.record_event(event, s), DeviceOp::record_event);
     }
   } catch (const DeviceError&) {
     for (Event e : recorded) events_.release(e);
@@ -354,6 +363,16 @@ std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
   if (blocks_.with(addr, [&size](const Block& b) { size = b.size; })) return size;
   std::lock_guard<std::mutex> global(mutex_);
   throw_invalid_pointer(addr, "allocation_size");
+}
+
+std::optional<std::size_t> CachingAllocator::Impl::requested_size(void* ptr) const noexcept {
+  std::size_t requested = 0;
+  // As in allocation_size: the entry pins the block, whose requested size is fixed until freed.
+  const bool found =
+      blocks_.with(reinterpret_cast<std::uintptr_t>(ptr),
+                   [&requested](const Block& b) noexcept { requested = b.requested; });
+  if (!found) return std::nullopt;
+  return requested;
 }
 
 std::pair<void*, std::size_t> CachingAllocator::Impl::base_allocation(void* ptr) const {
@@ -507,6 +526,9 @@ std::size_t CachingAllocator::allocation_size(void* ptr) const {
   return impl_->allocation_size(ptr);
 }
 
+std::optional<std::size_t> CachingAllocator::requested_size(void* ptr) const noexcept {
+  return impl_->requested_size(ptr);
+}
 std::pair<void*, std::size_t> CachingAllocator::base_allocation(void* ptr) const {
   return impl_->base_allocation(ptr);
 }

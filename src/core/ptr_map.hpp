@@ -44,25 +44,22 @@ class PtrMap {
 
   /// Removes `key` and returns its block, or nullptr if absent: one probe for find and erase.
   Block* extract(std::uintptr_t key) noexcept {
+    return extract_if(key, [](const Block*) { return true; });
+  }
+
+  /// Removes `key` if `keep_out(block)` holds and returns the block; nullptr (nothing removed)
+  /// if the key is absent or the predicate refuses: one probe for the test and the removal.
+  template <class Pred>
+  inline __attribute__((always_inline)) Block* extract_if(std::uintptr_t key,
+                                                          Pred&& keep_out) noexcept {
     std::size_t i = slot_of(key);
     while (slots_[i].key != key) {
       if (slots_[i].key == 0) return nullptr;
       i = (i + 1) & mask_;
     }
     Block* const found = slots_[i].block;
-    // Backward shift: pull later entries of the probe run into the hole when their home slot
-    // allows, so that every remaining key stays reachable from its home slot.
-    std::size_t hole = i;
-    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
-      const std::size_t home = slot_of(slots_[j].key);
-      const bool movable = ((j - home) & mask_) >= ((j - hole) & mask_);
-      if (movable) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
-    slots_[hole] = {0, nullptr};
-    --size_;
+    if (!keep_out(static_cast<const Block*>(found))) return nullptr;
+    erase_slot(i);
     return found;
   }
 
@@ -85,6 +82,22 @@ class PtrMap {
 
   std::size_t slot_of(std::uintptr_t key) const noexcept {
     return static_cast<std::size_t>(((key >> 9) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+
+  // Backward shift: pull later entries of the probe run into the hole when their home slot
+  // allows, so that every remaining key stays reachable from its home slot.
+  void erase_slot(std::size_t i) noexcept {
+    std::size_t hole = i;
+    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
+      const std::size_t home = slot_of(slots_[j].key);
+      const bool movable = ((j - home) & mask_) >= ((j - hole) & mask_);
+      if (movable) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = {0, nullptr};
+    --size_;
   }
 
   __attribute__((noinline)) void grow() { rehash(capacity_ * 2); }

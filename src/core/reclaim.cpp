@@ -134,7 +134,7 @@ std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held) {
   AllPoolsLock locks(pools_, held);
   ++num_sync_all_streams_;
   for (const auto& pool : pools_.all()) {
-    pool->synchronize_events(device_, events_);
+    pool->synchronize_events(device_);
     pool->flush_parked();
   }
   std::size_t failures = 0;

@@ -70,9 +70,18 @@ StreamPool::~StreamPool() {
 // --- index bookkeeping ------------------------------------------------------------------------------
 
 void StreamPool::index_block(Block* b) noexcept {
+  index(!b->segment->large).insert(b);
+  list(b);
+}
+
+void StreamPool::unindex(Block* b) noexcept {
+  index(!b->segment->large).remove(b);
+  unlist(b);
+}
+
+void StreamPool::list(Block* b) noexcept {
   const bool small = !b->segment->large;
   b->gc_base = lookups_[small ? 0 : 1];
-  index(small).insert(b);
   if (!b->is_whole_segment()) {
     count_split(b, small);
     return;
@@ -84,9 +93,8 @@ void StreamPool::index_block(Block* b) noexcept {
   head = b;
 }
 
-void StreamPool::unindex(Block* b) noexcept {
+void StreamPool::unlist(Block* b) noexcept {
   const bool small = !b->segment->large;
-  index(small).remove(b);
   if (b->counted_split) {
     uncount_split(b, small);
     return;
@@ -98,7 +106,8 @@ void StreamPool::unindex(Block* b) noexcept {
   b->whole_prev = b->whole_next = nullptr;
 }
 
-// Cuts `b` to `size`; the rest becomes a new free block right after it.
+// Cuts the indexed free block `b` to `size` and takes it out of the index; the rest becomes a
+// new free block right after it, indexed in b's place (BlockIndex::replace: usually no search).
 void StreamPool::split(Block* b, std::size_t size) {
   Block* rest = arena_.make();
   rest->addr = b->addr + size;
@@ -108,13 +117,21 @@ void StreamPool::split(Block* b, std::size_t size) {
   rest->next = b->next;
   if (b->next != nullptr) b->next->prev = rest;
   b->next = rest;
+  unlist(b);
+  index(!b->segment->large).replace(b, rest);  // b still has its old size (its index key)
   b->size = size;
-  index_block(rest);
+  list(rest);
 }
 
 // Merges the free neighbour `gone` into `into` (both in the same segment, adjacent).
 void StreamPool::absorb(Block* into, Block* gone) noexcept {
   unindex(gone);
+  join(into, gone);
+  arena_.recycle(gone);
+}
+
+// The block list and sizes of absorb; leaves `gone` itself (its index key) untouched.
+void StreamPool::join(Block* into, Block* gone) noexcept {
   if (gone->addr < into->addr) {
     into->addr = gone->addr;
     into->prev = gone->prev;
@@ -125,13 +142,24 @@ void StreamPool::absorb(Block* into, Block* gone) noexcept {
     if (into->next != nullptr) into->next->prev = into;
   }
   into->size += gone->size;
-  arena_.recycle(gone);
 }
 
 void StreamPool::coalesce(Block* b) noexcept {
-  if (b->prev != nullptr && b->prev->is_free()) absorb(b, b->prev);
-  if (b->next != nullptr && b->next->is_free()) absorb(b, b->next);
-  index_block(b);
+  Block* prev = b->prev != nullptr && b->prev->is_free() ? b->prev : nullptr;
+  Block* next = b->next != nullptr && b->next->is_free() ? b->next : nullptr;
+  if ((prev == nullptr) == (next == nullptr)) {  // no free neighbour, or two
+    if (prev != nullptr) absorb(b, prev);
+    if (next != nullptr) absorb(b, next);
+    index_block(b);
+    return;
+  }
+  // One free neighbour (the common case): the merged block takes its place in the index.
+  Block* gone = prev != nullptr ? prev : next;
+  unlist(gone);
+  join(b, gone);
+  index(!b->segment->large).replace(gone, b);
+  arena_.recycle(gone);
+  list(b);
 }
 
 void StreamPool::flush_parked() noexcept {
@@ -185,7 +213,7 @@ void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
   }
 }
 
-void StreamPool::process_events(Device& device, EventPool& events) {
+void StreamPool::process_events(Device& device) {
   for (PendingQueue& queue : pending_) {
     while (!queue.entries.empty()) {
       const PendingFree front = queue.entries.front();
@@ -194,20 +222,20 @@ void StreamPool::process_events(Device& device, EventPool& events) {
       check_device(device, status, DeviceOp::query_event);
       queue.entries.pop_front();
       --pending_count_;
-      events.release(front.event);
+      keep_spare_event(front.event);
       if (--front.block->pending_events == 0) retire_pending(front.block);
     }
   }
 }
 
-void StreamPool::synchronize_events(Device& device, EventPool& events) {
+void StreamPool::synchronize_events(Device& device) {
   for (PendingQueue& queue : pending_) {
     while (!queue.entries.empty()) {
       const PendingFree front = queue.entries.front();
       check_device(device, device.synchronize_event(front.event), DeviceOp::synchronize_event);
       queue.entries.pop_front();
       --pending_count_;
-      events.release(front.event);
+      keep_spare_event(front.event);
       if (--front.block->pending_events == 0) retire_pending(front.block);
     }
   }

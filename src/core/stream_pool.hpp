@@ -138,8 +138,11 @@ class StreamPool {
   void* take(Block* b, std::size_t size, std::size_t requested) {
     const bool small = !b->segment->large;
     CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->size >= size && size >= requested);
-    unindex(b);
-    if (policy_.should_split(b->size, size, small)) split(b, size);
+    if (policy_.should_split(b->size, size, small)) {
+      split(b, size);
+    } else {
+      unindex(b);
+    }
     hand_out(b, requested, small);
     after_hot_operation();
     return reinterpret_cast<void*>(b->addr);
@@ -199,11 +202,24 @@ class StreamPool {
   void make_pending(Block* b, const std::vector<Event>& events, const std::vector<Stream>& streams);
   /// Whether any free is pending.
   bool has_pending() const noexcept { return pending_count_ != 0; }
-  /// Caches every pending block whose events have completed. Throws DeviceError (leaving the
-  /// pool consistent) when a query fails.
-  void process_events(Device& device, EventPool& events);
+  /// Caches every pending block whose events have completed; their events become this pool's
+  /// spares. Throws DeviceError (leaving the pool consistent) when a query fails.
+  void process_events(Device& device);
   /// Waits for every pending event and caches the blocks. Throws DeviceError on failure.
-  void synchronize_events(Device& device, EventPool& events);
+  void synchronize_events(Device& device);
+  /// Takes one of this pool's spare events (recorded and completed before); false if none.
+  /// Frees on another stream cycle their events through the pool they free into, so that the
+  /// cross-stream path needs neither the allocator-wide event pool nor its lock.
+  bool take_spare_event(Event* event) noexcept {
+    if (spare_events_.empty()) return false;
+    *event = spare_events_.back();
+    spare_events_.pop_back();
+    return true;
+  }
+  /// Keeps an event for reuse by this pool.
+  void keep_spare_event(Event event) { spare_events_.push_back(event); }
+  /// Gives up every spare event (to the allocator's event pool, before the pool is destroyed).
+  std::vector<Event> drain_spare_events() noexcept { return std::move(spare_events_); }
 
   // --- segments (pool lock and global lock held) -------------------------------------------------
 
@@ -326,9 +342,12 @@ class StreamPool {
   // Index bookkeeping: the block index, the whole-segment list and inactive_split.
   void index_block(Block* b) noexcept;
   void unindex(Block* b) noexcept;
+  void list(Block* b) noexcept;    // the bookkeeping of index_block beside the BlockIndex
+  void unlist(Block* b) noexcept;  // the bookkeeping of unindex beside the BlockIndex
   void split(Block* b, std::size_t size);
   void coalesce(Block* b) noexcept;
   void absorb(Block* into, Block* gone) noexcept;
+  void join(Block* into, Block* gone) noexcept;
   void link_segment(Segment* s) noexcept;
   void unlink_segment(Segment* s) noexcept;
 
@@ -341,6 +360,7 @@ class StreamPool {
   std::size_t allocated_count_ = 0;
   std::vector<PendingQueue> pending_;
   std::size_t pending_count_ = 0;
+  std::vector<Event> spare_events_;  // completed events, reused by frees into this pool
   Segment* segments_ = nullptr;
   std::size_t segment_count_ = 0;
   std::uint64_t lookups_[2] = {0, 0};

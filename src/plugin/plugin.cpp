@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -140,7 +141,7 @@ std::string oom_message(const OutOfMemoryInfo& info) {
   return message;
 }
 
-/// Says what `ptr`, which the plug-in does not hold as live, is (double free, interior pointer,
+/// Says what `ptr`, which is not a live allocation of `device`, is (double free, interior pointer,
 /// foreign): the allocator's own message. Never frees anything, so that a racing allocation
 /// that has just been given the same address cannot be freed by mistake.
 [[noreturn]] void throw_not_live(PluginState& state, void* ptr, int device) {
@@ -160,35 +161,42 @@ std::string oom_message(const OutOfMemoryInfo& info) {
                        "): not allocated by cistern_malloc");
 }
 
-void free_checked(void* ptr, std::size_t size, int device, Stream stream) {
-  PluginState& state = PluginState::get();
-  if (device >= 0 && device < kMaxDevices && state.existing(device) != nullptr) {
-    require_known_stream(state, device, stream, "free");
-  }
-  Allocation allocation;
-  if (!state.pointers().take(ptr, &allocation)) throw_not_live(state, ptr, device);
-  if (allocation.size != size || allocation.device != device) {
-    state.pointers().insert(ptr, allocation);
+/// A free that names the wrong device or size: says what the allocation really is. Only misuse
+/// gets here, so scanning every device's allocator is fine.
+[[noreturn]] void throw_mismatch(PluginState& state, void* ptr, std::size_t size, int device) {
+  for (int other = 0; other < kMaxDevices; ++other) {
+    const CachingAllocator* allocator = state.existing(other);
+    const std::optional<std::size_t> requested =
+        allocator != nullptr ? allocator->requested_size(ptr) : std::nullopt;
+    if (!requested) continue;
     throw SizeMismatch("cistern: free(" + hex(ptr) + ", size " + std::to_string(size) +
                        ", device " + std::to_string(device) + "): the allocation has size " +
-                       std::to_string(allocation.size) + " on device " +
-                       std::to_string(allocation.device) + "; nothing was freed");
+                       std::to_string(*requested) + " on device " + std::to_string(other) +
+                       "; nothing was freed");
   }
-  try {
-    state.allocator(device).deallocate(ptr, stream);
-  } catch (...) {
-    state.pointers().insert(ptr, allocation);
-    throw;
-  }
+  throw_not_live(state, ptr, device);
 }
 
+// The allocator's pointer map knows each live allocation's caller size (one O(1) probe), so a
+// free is validated against it before anything changes.
+void free_checked(void* ptr, std::size_t size, int device, Stream stream) {
+  PluginState& state = PluginState::get();
+  CachingAllocator* allocator = state.existing(device);
+  if (allocator != nullptr) require_known_stream(state, device, stream, "free");
+  const std::optional<std::size_t> requested =
+      allocator != nullptr ? allocator->requested_size(ptr) : std::nullopt;
+  if (!requested || *requested != size) throw_mismatch(state, ptr, size, device);
+  allocator->deallocate(ptr, stream);
+}
+
+/// The allocator holding the live allocation `ptr`, whichever device it is on.
 CachingAllocator& allocator_of(PluginState& state, void* ptr, const char* what) {
-  Allocation allocation;
-  if (!state.pointers().find(ptr, &allocation)) {
-    throw InvalidPointer(std::string("cistern: ") + what + "(" + hex(ptr) +
-                         "): not a live allocation of cistern_malloc");
+  for (int device = 0; device < kMaxDevices; ++device) {
+    CachingAllocator* allocator = state.existing(device);
+    if (allocator != nullptr && allocator->requested_size(ptr)) return *allocator;
   }
-  return state.allocator(allocation.device);
+  throw InvalidPointer(std::string("cistern: ") + what + "(" + hex(ptr) +
+                       "): not a live allocation of cistern_malloc");
 }
 
 }  // namespace
@@ -211,13 +219,6 @@ void* cistern_malloc(size_t size, int device, cistern_stream_t stream) {
       ptr = allocator.allocate(size, Stream(stream));
     } catch (const cistern::OutOfMemory& e) {
       throw cistern::OutOfMemory(e.info(), cistern::plugin::oom_message(e.info()));
-    }
-    try {
-      state.pointers().insert(ptr, {size, device});
-    } catch (...) {
-      allocator.deallocate(ptr, Stream(stream));
-      ptr = nullptr;
-      throw;
     }
   });
   return ptr;

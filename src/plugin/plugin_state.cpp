@@ -39,39 +39,6 @@ SimDeviceOptions sim_options(int device, std::size_t capacity) {
 
 }  // namespace
 
-// --- PointerMap ------------------------------------------------------------------------------------------
-
-PointerMap::Shard& PointerMap::shard(void* ptr) const {
-  // Allocations are 512-byte aligned: the bits above the alignment spread them over the shards.
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  return shards_[(addr >> 9U) % kShards];
-}
-
-void PointerMap::insert(void* ptr, Allocation allocation) {
-  Shard& s = shard(ptr);
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.live[reinterpret_cast<std::uintptr_t>(ptr)] = allocation;
-}
-
-bool PointerMap::take(void* ptr, Allocation* allocation) {
-  Shard& s = shard(ptr);
-  std::lock_guard<std::mutex> lock(s.mutex);
-  const auto found = s.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (found == s.live.end()) return false;
-  *allocation = found->second;
-  s.live.erase(found);
-  return true;
-}
-
-bool PointerMap::find(void* ptr, Allocation* allocation) const {
-  Shard& s = shard(ptr);
-  std::lock_guard<std::mutex> lock(s.mutex);
-  const auto found = s.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (found == s.live.end()) return false;
-  *allocation = found->second;
-  return true;
-}
-
 // --- ErrorLog --------------------------------------------------------------------------------------------
 
 void ErrorLog::record(cistern_error code, const std::string& message) {

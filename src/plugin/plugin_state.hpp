@@ -2,8 +2,8 @@
 //
 // The process-wide state behind the plug-in's C ABI (include/cistern/plugin.h): the backend and
 // configuration read from the environment, one device and caching allocator per device ordinal
-// (created on first use), the map of live allocations that lets a free be checked against its
-// allocation before anything is changed, and the last error.
+// (created on first use), and the last error. A free is checked against its allocation (size,
+// device) through the allocator's own pointer map before anything is changed.
 //
 // The state is created on first use and never destroyed at process exit: a framework may still
 // free memory from its own static destructors, after ours would have run; the driver reclaims
@@ -17,7 +17,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "cistern/caching_allocator.hpp"
@@ -39,31 +38,6 @@ enum class Backend : std::uint8_t { cuda, sim };
 class SizeMismatch : public InvalidPointer {
  public:
   using InvalidPointer::InvalidPointer;
-};
-
-/// What the plug-in remembers of one live allocation.
-struct Allocation {
-  std::size_t size = 0;  ///< the caller's size
-  int device = 0;
-};
-
-/// Live allocations by address, sharded so that threads seldom share a lock.
-class PointerMap {
- public:
-  void insert(void* ptr, Allocation allocation);
-  /// Removes `ptr` and gives its allocation; false if it is not live.
-  bool take(void* ptr, Allocation* allocation);
-  /// The allocation of `ptr`, if live.
-  bool find(void* ptr, Allocation* allocation) const;
-
- private:
-  static constexpr std::size_t kShards = 64;
-  struct Shard {
-    mutable std::mutex mutex;
-    std::unordered_map<std::uintptr_t, Allocation> live;
-  };
-  Shard& shard(void* ptr) const;
-  mutable std::array<Shard, kShards> shards_;
 };
 
 /// The last error and the counters.
@@ -110,7 +84,6 @@ class PluginState {
   /// Starts or stops history recording on every allocator, present and future.
   void record_history(bool enabled, std::size_t max_entries);
 
-  PointerMap& pointers() noexcept { return pointers_; }
   ErrorLog& errors() noexcept { return errors_; }
 
  private:
@@ -132,7 +105,6 @@ class PluginState {
   std::size_t history_entries_ = 0;
   std::array<std::atomic<Slot*>, kMaxDevices> published_{};
   std::array<std::unique_ptr<Slot>, kMaxDevices> slots_;
-  PointerMap pointers_;
   ErrorLog errors_;
 };
 

@@ -143,6 +143,9 @@ TEST_F(Plugin, SizeOrDeviceMismatchFreesNothing) {
       << last_error();
   cistern_free(p, 1000, 1, nullptr);
   EXPECT_EQ(cistern_last_error_code(), CISTERN_ERROR_SIZE_MISMATCH);
+  EXPECT_NE(last_error().find("size 1000, device 1): the allocation has size 1000 on device 0"),
+            std::string::npos)
+      << last_error();
   EXPECT_EQ(cistern_misuse_count(), 2u);
   EXPECT_EQ(stat("allocated_bytes.all.current"), 1024);
   cistern_free(p, 1000, 0, nullptr);
