@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -78,20 +79,36 @@ std::vector<cistern::plan::Buffer> synthetic(std::size_t n) {
   return buffers;
 }
 
-nlohmann::json row(const std::string& name, const cistern::plan::Placement& p,
+/// A placement and the processor time its planning took: the wall time (Placement::seconds)
+/// depends on what else the machine runs.
+struct Timed {
+  cistern::plan::Placement placement;
+  double cpu_seconds;
+};
+
+Timed timed_plan(const std::vector<cistern::plan::Buffer>& buffers,
+                 const cistern::plan::Options& options) {
+  const std::clock_t start = std::clock();
+  cistern::plan::Placement p = cistern::plan::plan(buffers, options);
+  return {std::move(p), static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC};
+}
+
+nlohmann::json row(const std::string& name, const Timed& timed,
                    std::optional<std::uint64_t> capacity, std::size_t buffers) {
+  const cistern::plan::Placement& p = timed.placement;
   nlohmann::json r = {
-      {"trace", name},        {"arena", p.arena},     {"peak_live", p.peak_live},
-      {"capacity", nullptr},  {"seconds", p.seconds}, {"greedy_arena", p.greedy_arena},
-      {"optimal", p.optimal}, {"buffers", buffers},   {"search_nodes", p.nodes}};
+      {"cpu_seconds", timed.cpu_seconds}, {"trace", name},        {"arena", p.arena},
+      {"peak_live", p.peak_live},         {"capacity", nullptr},  {"seconds", p.seconds},
+      {"greedy_arena", p.greedy_arena},   {"optimal", p.optimal}, {"buffers", buffers},
+      {"search_nodes", p.nodes}};
   if (capacity) r["capacity"] = *capacity;
   const double cap = capacity ? static_cast<double>(*capacity) : 0;
   std::cout << fmt::format(
-      "{:<28} {:>8} {:>14} {:>14} {:>14} {:>8.4f} {:>8} {:>8.2f} {:>4}\n", name, buffers,
+      "{:<28} {:>8} {:>14} {:>14} {:>14} {:>8.4f} {:>8} {:>8.2f} {:>8.2f} {:>4}\n", name, buffers,
       p.peak_live, p.greedy_arena, p.arena,
       static_cast<double>(p.arena) / static_cast<double>(p.peak_live),
       capacity ? fmt::format("{:.4f}", static_cast<double>(p.arena) / cap) : std::string("-"),
-      p.seconds, p.optimal ? "yes" : "no");
+      p.seconds, timed.cpu_seconds, p.optimal ? "yes" : "no");
   std::cout.flush();
   return r;
 }
@@ -102,7 +119,7 @@ nlohmann::json plan_file(const std::string& path, const std::string& name, doubl
   const cistern::plan::TraceBuffers tb = cistern::plan::buffers_of(trace);
   cistern::plan::Options options;
   options.time_limit_s = limit;
-  return row(name, cistern::plan::plan(tb.buffers, options), capacity, tb.buffers.size());
+  return row(name, timed_plan(tb.buffers, options), capacity, tb.buffers.size());
 }
 
 }  // namespace
@@ -110,9 +127,9 @@ nlohmann::json plan_file(const std::string& path, const std::string& name, doubl
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
   const std::string traces = cistern::testing::shared_dir() + "/traces";
-  std::cout << fmt::format("{:<28} {:>8} {:>14} {:>14} {:>14} {:>8} {:>8} {:>8} {:>4}\n", "trace",
-                           "buffers", "peak_live", "greedy", "arena", "/live", "/cap", "seconds",
-                           "opt");
+  std::cout << fmt::format("{:<28} {:>8} {:>14} {:>14} {:>14} {:>8} {:>8} {:>8} {:>8} {:>4}\n",
+                           "trace", "buffers", "peak_live", "greedy", "arena", "/live", "/cap",
+                           "seconds", "cpu_s", "opt");
   nlohmann::json results = nlohmann::json::array();
   if (std::filesystem::is_directory(traces)) {
     const std::string letters = args.smoke ? "A" : "ABCDEFGHIJK";
@@ -131,7 +148,7 @@ int main(int argc, char** argv) {
   cistern::plan::Options options;
   options.time_limit_s = args.time_limit_s;
   const std::string name = fmt::format("synthetic/{}", buffers.size());
-  results.push_back(row(name, cistern::plan::plan(buffers, options), std::nullopt, buffers.size()));
+  results.push_back(row(name, timed_plan(buffers, options), std::nullopt, buffers.size()));
   std::ofstream out(args.out);
   out << nlohmann::json{{"time_limit_s", args.time_limit_s}, {"results", results}}.dump(2) << "\n";
   if (!out) {

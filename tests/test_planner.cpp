@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cistern/errors.hpp"
 #include "plan/planner.hpp"
+#include "plan/problem.hpp"
 #include "plan/trace_buffers.hpp"
 #include "support/reference_figures.hpp"
 #include "support/trace_sizes.hpp"
@@ -137,6 +139,42 @@ TEST(Planner, EqualsTheExhaustiveOptimumOnSmallRandomInstances) {
     improved += p.arena < p.greedy_arena ? 1 : 0;
   }
   EXPECT_GT(improved, 0) << "the search never did better than greedy: the test shows nothing";
+}
+
+TEST(Planner, TheSearchAtACapacityIsCompleteAndSound) {
+  // The decision search behind the planner, asked for every capacity from the peak live up to
+  // the exhaustive optimum: below the optimum it must prove that nothing fits (an exhausted
+  // search), at the optimum it must find a valid placement within it.
+  std::mt19937_64 rng(424242);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  for (int round = 0; round < 40; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<Buffer> buffers = random_buffers(rng, 6, 8, 5);
+    const cistern::plan::detail::Problem problem = cistern::plan::detail::normalise(buffers, 1);
+    const Placement greedy = cistern::plan::plan(buffers, Options{0, 0});
+    const std::uint64_t optimum = Exhaustive(buffers).optimum(greedy.greedy_arena + 1);
+    // Below the peak live as well: one step under it must be refused too.
+    for (std::uint64_t capacity = cistern::plan::peak_live(buffers) - 1; capacity <= optimum;
+         ++capacity) {
+      std::vector<std::uint64_t> found;
+      const cistern::plan::detail::SearchOutcome outcome = cistern::plan::detail::search(
+          problem, capacity, {deadline, 0},
+          [&](const std::vector<std::uint64_t>& offsets, std::uint64_t) { found = offsets; });
+      if (capacity < optimum) {
+        EXPECT_TRUE(outcome.exhausted) << "capacity " << capacity;
+        EXPECT_TRUE(found.empty()) << "capacity " << capacity;
+      } else {
+        ASSERT_FALSE(found.empty()) << "nothing found at the optimum " << optimum;
+        Placement p;
+        p.offsets = found;
+        p.arena = cistern::plan::detail::arena_of(problem, found);
+        p.peak_live = greedy.peak_live;
+        p.greedy_arena = greedy.greedy_arena;
+        EXPECT_LE(p.arena, capacity);
+        expect_valid(buffers, p);
+      }
+    }
+  }
 }
 
 TEST(Planner, RandomizedInstancesAreValidAndDeterministic) {

@@ -2,7 +2,7 @@
 //
 // Greedy by size (see problem.hpp). Finding the placed items that overlap an item in time is the
 // cost that matters on large instances: placed items are filed in buckets of consecutive time
-// sections, so a query reads only the buckets its lifetime spans instead of every placed item.
+// sections (see TimeIndex), so a query reads only the buckets its lifetime spans.
 #include <algorithm>
 #include <limits>
 #include <numeric>
@@ -12,51 +12,69 @@
 namespace cistern::plan::detail {
 namespace {
 
-/// The placed items, filed by the buckets of sections they span.
+/// The placed items, filed by time. Levels of buckets: level k cuts the sections into buckets
+/// of 16 * 4^k, and an item goes to the lowest level whose buckets are at least as wide as its
+/// lifetime, so it is filed in at most two buckets, and a query reads, per level, only the few
+/// buckets its lifetime spans. Each entry carries what a query needs (lifetime and placement), so
+/// a query reads its buckets front to back and never jumps into the item arrays.
 class TimeIndex {
  public:
-  explicit TimeIndex(const Problem& problem) : items_(problem.items) {
-    // Buckets of `width_` sections: wide enough that long-lived items are filed a bounded number
-    // of times (at most about 64 entries per item on average), narrow enough that a bucket holds
-    // little more than the items live at one instant.
-    std::uint64_t span = 0;
-    for (const Item& item : items_) span += item.last - item.first;
-    width_ = 16;
-    while (span / width_ > 64 * (items_.size() + 1)) width_ *= 2;
-    buckets_.resize(problem.sections / width_ + 1);
-    stamp_.assign(items_.size(), 0);
+  explicit TimeIndex(const Problem& problem) {
+    unsigned shift = kNarrowestShift;
+    do {
+      levels_.push_back(
+          Level{shift, std::vector<std::vector<Entry>>((problem.sections >> shift) + 1)});
+      shift += 2;
+    } while ((std::uint64_t{1} << (shift - 2)) < problem.sections);
   }
 
-  void add(std::uint32_t i) {
-    for (std::uint32_t b = first_bucket(i); b <= last_bucket(i); ++b) buckets_[b].push_back(i);
+  /// Files `item`, placed at `offset`.
+  void add(const Item& item, std::uint64_t offset) {
+    const Entry entry{item.first, item.last, offset, offset + item.size};
+    Level& level = levels_[level_of(item)];
+    for (std::uint32_t b = item.first >> level.shift; b <= (item.last - 1) >> level.shift; ++b) {
+      level.buckets[b].push_back(entry);
+    }
   }
 
-  /// The placed items overlapping item i in time, each once (unordered).
-  const std::vector<std::uint32_t>& overlapping(std::uint32_t i) {
-    ++query_;
-    found_.clear();
-    const Item& item = items_[i];
-    for (std::uint32_t b = first_bucket(i); b <= last_bucket(i); ++b) {
-      for (const std::uint32_t j : buckets_[b]) {
-        if (stamp_[j] == query_) continue;
-        stamp_[j] = query_;
-        const Item& other = items_[j];
-        if (other.first < item.last && item.first < other.last) found_.push_back(j);
+  /// Appends (offset, end) of every placed item overlapping `item` in time to `out`, each once.
+  void overlapping(const Item& item, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) {
+    for (const Level& level : levels_) {
+      const std::uint32_t first = item.first >> level.shift;
+      for (std::uint32_t b = first; b <= (item.last - 1) >> level.shift; ++b) {
+        for (const Entry& e : level.buckets[b]) {
+          // An entry filed in two of these buckets is taken from the first of them only.
+          if (b != std::max(first, e.first >> level.shift)) continue;
+          if (e.first < item.last && item.first < e.last) out.emplace_back(e.offset, e.end);
+        }
       }
     }
-    return found_;
   }
 
  private:
-  std::uint32_t first_bucket(std::uint32_t i) const { return items_[i].first / width_; }
-  std::uint32_t last_bucket(std::uint32_t i) const { return (items_[i].last - 1) / width_; }
+  static constexpr unsigned kNarrowestShift = 4;  // buckets of 16 sections
 
-  const std::vector<Item>& items_;
-  std::uint32_t width_ = 16;
-  std::vector<std::vector<std::uint32_t>> buckets_;
-  std::vector<std::uint64_t> stamp_;
-  std::uint64_t query_ = 0;
-  std::vector<std::uint32_t> found_;
+  struct Entry {
+    std::uint32_t first;
+    std::uint32_t last;
+    std::uint64_t offset;
+    std::uint64_t end;
+  };
+  struct Level {
+    unsigned shift;  ///< buckets of 2^shift sections
+    std::vector<std::vector<Entry>> buckets;
+  };
+
+  std::size_t level_of(const Item& item) const {
+    std::size_t k = 0;
+    while (k + 1 < levels_.size() &&
+           (std::uint64_t{1} << levels_[k].shift) < item.last - item.first) {
+      ++k;
+    }
+    return k;
+  }
+
+  std::vector<Level> levels_;
 };
 
 /// The offset for an item of `size` among `below` (pairs offset, end sorted by offset): the
@@ -95,12 +113,12 @@ std::vector<std::uint64_t> greedy_by_size(const Problem& problem) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> below;
   for (const std::uint32_t i : order) {
     below.clear();
-    for (const std::uint32_t j : index.overlapping(i)) {
-      below.emplace_back(offsets[j], offsets[j] + items[j].size);
-    }
-    std::sort(below.begin(), below.end());
+    index.overlapping(items[i], below);
+    // Ties in offset may come in any order: best_gap takes the highest end among them.
+    std::sort(below.begin(), below.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     offsets[i] = best_gap(below, items[i].size);
-    index.add(i);
+    index.add(items[i], offsets[i]);
   }
   return offsets;
 }

@@ -10,14 +10,17 @@
 //
 // Two stages. Greedy by size (Pisarchyk & Lee): largest buffer first, each into the smallest gap
 // that fits among the already placed buffers whose lifetimes overlap its own, else on top. Then a
-// depth-first search over canonical placements in the spirit of MiniMalloc: buffers are placed in
-// non-decreasing offset order, each at the top of the skyline over its lifetime, and a branch is
-// cut as soon as a lower bound (per time section: the floor, or the current offset level, plus the
-// sizes still to be placed there) reaches the best arena found so far. The search stops when it
-// reaches the lower bound (peak live), exhausts the tree (the arena is then optimal), or hits its
-// time or node limit, and returns the best placement found. The search visits placements in a
-// fixed order, so that for a given input and node limit the result is the same on every machine;
-// a time limit only decides where that fixed walk stops.
+// search in the spirit of MiniMalloc, which decides whether the buffers fit within a capacity:
+// depth-first over canonical placements, built bottom-up - at each node, offset f of the
+// leftmost time section whose floor f is the lowest either takes one of the buffers that can sit
+// there (one of each size and lifetime), or stays empty and the floor rises - with every floor
+// raised to the lowest offset any buffer left there can take, and a branch cut as soon as some
+// section's floor plus the sizes still to be placed there exceeds the capacity (see search.cpp).
+// The arena is minimised by asking for the lower bound (peak live) first, then for capacities
+// growing from it, then bisecting between the highest capacity not met and the best arena found;
+// a search that exhausts its tree proves that capacity out of reach. The search visits placements
+// in a fixed order, so that for a given input and node limit the result is the same on every
+// machine; a time limit only decides where that fixed walk stops.
 #pragma once
 
 #include <cstdint>

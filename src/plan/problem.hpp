@@ -40,28 +40,25 @@ std::uint64_t arena_of(const Problem& problem, const std::vector<std::uint64_t>&
 /// the smallest gap that fits among the placed items overlapping it in time, else on top.
 std::vector<std::uint64_t> greedy_by_size(const Problem& problem);
 
-/// Limits of the improvement search.
+/// Limits of one search.
 struct SearchLimits {
   std::chrono::steady_clock::time_point deadline;
   std::uint64_t node_limit = 0;  ///< 0: none
-  /// Only the items whose offset would be the lowest of all are tried next (a far narrower tree
-  /// that still holds good placements, but not all: an exhausted search then proves nothing).
-  bool lowest_only = false;
 };
 
 /// What the search did.
 struct SearchOutcome {
-  bool exhausted = false;  ///< the whole tree was visited: the best arena is optimal
+  bool exhausted = false;  ///< no placement within the capacity exists (proven)
   std::uint64_t nodes = 0;
 };
 
-/// Called with every placement the search finds whose arena is below the best so far.
+/// Called with the placement the search finds and its arena.
 using OnSolution = std::function<void(const std::vector<std::uint64_t>& offsets, std::uint64_t)>;
 
-/// The canonical depth-first search (see planner.hpp). Looks for arenas below `best_arena`
-/// (strictly), stops at `lower_bound`, and reports each improvement through `on_solution`.
-SearchOutcome search(const Problem& problem, std::uint64_t best_arena, std::uint64_t lower_bound,
-                     const SearchLimits& limits, const OnSolution& on_solution);
+/// The canonical depth-first search (see search.cpp): looks for a placement whose arena is at
+/// most `capacity` and reports it through `on_solution`.
+SearchOutcome search(const Problem& problem, std::uint64_t capacity, const SearchLimits& limits,
+                     const OnSolution& on_solution);
 
 /// What the bisection found.
 struct Bisection {

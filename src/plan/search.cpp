@@ -1,14 +1,26 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// The improvement search (see planner.hpp and problem.hpp).
+// The search for a placement within a capacity (see problem.hpp).
 //
-// Why canonical placements suffice: take any feasible placement and let every buffer fall as low
-// as the others allow; each then rests at 0 or on a buffer below it. Placing the buffers one by
-// one in order of (offset, index), each at the highest floor over its own sections, rebuilds that
-// placement exactly. So the search only ever places a buffer at the skyline over its lifetime,
-// in non-decreasing offset order (equal offsets: increasing index), and still reaches every
-// arena that any placement reaches.
+// Canonical placements. Take any placement within the capacity and let every buffer fall as low
+// as the others allow: each then rests at 0 or on top of another buffer. The search builds such
+// placements bottom-up, in non-decreasing offset order. Its state is the skyline: per time
+// section a floor, below which every buffer still to be placed there is known not to go. At each
+// node it looks at the lowest floor f of the sections where buffers remain (the leftmost such
+// section s, if several) and branches on what occupies offset f in section s:
+//  - a buffer b live in s whose offset can be f (the highest floor over its lifetime is f). Since
+//    s is the leftmost lowest section, b starts in s. Placing b raises its sections to f + size.
+//  - nothing: then every buffer left in s goes higher, and the lowest of them, u, rests either on
+//    a placed buffer (at the floor of one of u's sections, a floor above f) or on a buffer not yet
+//    placed (at least f plus the smallest size left). So the floor of s rises to the lower of
+//    those two bounds, and the search goes on. Every placement within the capacity is reached by
+//    one path of these choices, so an exhausted search proves that none exists.
+// Pruning: per section, the floor plus the sizes of the buffers left there must fit within the
+// capacity (this also covers every single buffer left: its offset is at least the floor of each
+// of its sections). Dominance: of the buffers that could go at f in s, only one of each (lifetime,
+// size) is tried, since swapping two such buffers maps placements onto placements.
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <numeric>
 
@@ -18,43 +30,42 @@
 namespace cistern::plan::detail {
 namespace {
 
-/// A buffer that may be placed next, at `offset`.
-struct Candidate {
-  std::int64_t offset;
-  std::uint32_t item;
-};
+constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
 
 class Search {
  public:
-  Search(const Problem& problem, std::uint64_t best_arena, std::uint64_t lower_bound,
-         const SearchLimits& limits, const OnSolution& on_solution)
+  Search(const Problem& problem, std::uint64_t capacity, const SearchLimits& limits,
+         const OnSolution& on_solution)
       : items_(problem.items),
         skyline_(remainders(problem)),
-        best_(static_cast<std::int64_t>(best_arena)),
-        lower_bound_(static_cast<std::int64_t>(lower_bound)),
+        capacity_(static_cast<std::int64_t>(capacity)),
         limits_(limits),
         on_solution_(on_solution),
         offsets_(items_.size(), 0),
-        candidates_(items_.size() + 1) {
-    unplaced_.resize(items_.size());
-    std::iota(unplaced_.begin(), unplaced_.end(), 0U);
-    // Items are tried largest first at equal offsets; this order also ranks them for ties.
-    rank_.resize(items_.size());
+        placed_(items_.size(), false),
+        starting_(std::size_t{problem.sections} + 1),
+        next_(std::size_t{problem.sections} + 1),
+        candidates_(1) {
+    // Candidates are tried longest-lived first (they constrain the most), then largest.
     std::vector<std::uint32_t> order(items_.size());
     std::iota(order.begin(), order.end(), 0U);
     std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
       const Item& x = items_[a];
       const Item& y = items_[b];
-      if (x.size != y.size) return x.size > y.size;
       if (x.last - x.first != y.last - y.first) return x.last - x.first > y.last - y.first;
+      if (x.size != y.size) return x.size > y.size;
       return a < b;
     });
-    for (std::uint32_t r = 0; r < order.size(); ++r) rank_[order[r]] = r;
+    for (const std::uint32_t i : order) starting_[items_[i].first].push_back(i);
+    by_size_ = order;
+    std::stable_sort(by_size_.begin(), by_size_.end(), [&](std::uint32_t a, std::uint32_t b) {
+      return items_[a].size < items_[b].size;
+    });
   }
 
   SearchOutcome run() {
-    if (best_ > lower_bound_) descend(0, 0, -1);
-    return SearchOutcome{!stopped_, nodes_};
+    descend(0);
+    return SearchOutcome{!stopped_ && !found_, nodes_};
   }
 
  private:
@@ -73,108 +84,133 @@ class Search {
     return remainder;
   }
 
-  /// Whether to stop: a limit is reached, or the best arena meets the lower bound.
+  /// Whether to stop: a placement was found, or a limit is reached.
   bool out_of_budget() {
-    if (stopped_ || best_ <= lower_bound_) return true;
+    if (stopped_ || found_) return true;
     ++nodes_;
     if (limits_.node_limit != 0 && nodes_ > limits_.node_limit) stopped_ = true;
-    // A node costs O(n log n), far more than reading the clock.
-    if (std::chrono::steady_clock::now() >= limits_.deadline) stopped_ = true;
+    // Check the clock every 256 nodes: a node costs only O(log n) plus its candidates.
+    if ((nodes_ & 255U) == 0 && std::chrono::steady_clock::now() >= limits_.deadline) {
+      stopped_ = true;
+    }
     return stopped_;
   }
 
-  /// Every unplaced item that may come next in canonical order after (level, last_rank).
-  /// Returns false if some unplaced item can no longer fit below the best arena: floors and the
-  /// level only rise, so it never will, and the whole branch is dead.
-  bool gather(std::vector<Candidate>& out, std::int64_t level, std::int64_t last_rank) {
-    out.clear();
-    for (const std::uint32_t i : unplaced_) {
-      const Item& item = items_[i];
-      const std::int64_t offset = skyline_.max_floor(item.first, item.last);
-      if (std::max(offset, level) + static_cast<std::int64_t>(item.size) >= best_) return false;
-      if (offset < level || (offset == level && rank_[i] < last_rank)) continue;
-      out.push_back(Candidate{offset, i});
+  /// The smallest size among the buffers not yet placed.
+  std::int64_t smallest_left() const {
+    for (const std::uint32_t i : by_size_) {
+      if (!placed_[i]) return static_cast<std::int64_t>(items_[i].size);
     }
-    std::sort(out.begin(), out.end(), [&](const Candidate& a, const Candidate& b) {
-      return a.offset != b.offset ? a.offset < b.offset : rank_[a.item] < rank_[b.item];
-    });
-    if (limits_.lowest_only && !out.empty()) {
-      const std::int64_t lowest = out.front().offset;
-      out.erase(std::find_if(out.begin(), out.end(),
-                             [&](const Candidate& c) { return c.offset != lowest; }),
-                out.end());
-    }
-    return true;
+    return kNone;
   }
 
-  void descend(std::size_t depth, std::int64_t level, std::int64_t last_rank) {
+  /// Raises every active section's floor to the lowest offset that any buffer left there can
+  /// take (the highest floor over its lifetime), until nothing changes: space that no buffer
+  /// left can use is wasted, and the section bound should see it.
+  void propagate() {
+    const auto sections = static_cast<std::uint32_t>(next_.size() - 1);
+    for (bool changed = true; changed;) {
+      changed = false;
+      lowest_.clear();
+      for (std::uint32_t i = 0; i < items_.size(); ++i) {
+        if (!placed_[i])
+          lowest_.emplace_back(skyline_.max_floor(items_[i].first, items_[i].last), i);
+      }
+      std::sort(lowest_.begin(), lowest_.end());
+      // Paint each section with the lowest offset among its buffers: in increasing offset order,
+      // skipping sections already painted (next_ links them to the next unpainted one).
+      std::iota(next_.begin(), next_.end(), 0U);
+      const auto find = [&](std::uint32_t t) {
+        while (next_[t] != t) t = next_[t] = next_[next_[t]];
+        return t;
+      };
+      for (const auto& [offset, i] : lowest_) {
+        for (std::uint32_t t = find(items_[i].first); t < items_[i].last; t = find(t + 1)) {
+          if (skyline_.max_floor(t, t + 1) < offset) {
+            skyline_.place(t, t + 1, offset, 0);
+            changed = true;
+          }
+          next_[t] = t + 1;
+        }
+      }
+      (void)sections;
+    }
+  }
+
+  void descend(std::size_t depth) {
     if (out_of_budget()) return;
-    if (unplaced_.empty()) {
-      record();
+    propagate();
+    if (skyline_.section_bound() > capacity_) return;
+    const auto [section, floor] = skyline_.lowest_active();
+    if (floor == kNone) {
+      found_ = true;
+      on_solution_(offsets_, static_cast<std::uint64_t>(arena()));
       return;
     }
-    if (skyline_.bound(level) >= best_) return;
-    std::vector<Candidate>& candidates = candidates_[depth];
-    if (!gather(candidates, level, last_rank)) return;
-    // Deeper levels use their own lists (candidates_[depth + 1], ...): this one stays intact.
-    for (const Candidate candidate : candidates) {
-      const Item& item = items_[candidate.item];
-      if (candidate.offset + static_cast<std::int64_t>(item.size) >= best_) continue;
+    if (candidates_.size() <= depth) candidates_.resize(depth + 1);
+    std::vector<std::uint32_t>& tried = candidates_[depth];
+    tried.clear();
+    for (const std::uint32_t i : starting_[section]) {
+      if (placed_[i]) continue;
+      const Item& item = items_[i];
+      if (skyline_.max_floor(item.first, item.last) != floor) continue;
+      const bool same = std::any_of(tried.begin(), tried.end(), [&](std::uint32_t j) {
+        return items_[j].last == item.last && items_[j].size == item.size;
+      });
+      if (same) continue;
+      tried.push_back(i);
+      const auto size = static_cast<std::int64_t>(item.size);
       const std::size_t mark = skyline_.mark();
-      skyline_.place(item.first, item.last, candidate.offset + static_cast<std::int64_t>(item.size),
-                     static_cast<std::int64_t>(item.size));
-      const std::size_t position = take(candidate.item);
-      offsets_[candidate.item] = static_cast<std::uint64_t>(candidate.offset);
-      descend(depth + 1, candidate.offset, rank_[candidate.item]);
-      give_back(candidate.item, position);
+      skyline_.place(item.first, item.last, floor + size, size);
+      placed_[i] = true;
+      offsets_[i] = static_cast<std::uint64_t>(floor);
+      descend(depth + 1);
+      placed_[i] = false;
       skyline_.undo_to(mark);
       if (out_of_budget()) return;
     }
+    // Nothing at `floor` in `section`: raise it (see the file comment).
+    const std::int64_t smallest = smallest_left();
+    const std::int64_t raised =
+        std::min(skyline_.lowest_active_above(floor), smallest == kNone ? kNone : floor + smallest);
+    if (raised == kNone || raised > capacity_) return;
+    const std::size_t mark = skyline_.mark();
+    skyline_.place(section, section + 1, raised, 0);
+    descend(depth + 1);
+    skyline_.undo_to(mark);
   }
 
-  /// Removes item i from the unplaced list; returns where it was (for give_back).
-  std::size_t take(std::uint32_t i) {
-    const auto it = std::find(unplaced_.begin(), unplaced_.end(), i);
-    const auto position = static_cast<std::size_t>(it - unplaced_.begin());
-    std::swap(unplaced_[position], unplaced_.back());
-    unplaced_.pop_back();
-    return position;
-  }
-
-  void give_back(std::uint32_t i, std::size_t position) {
-    unplaced_.push_back(i);
-    std::swap(unplaced_[position], unplaced_.back());
-  }
-
-  void record() {
+  std::int64_t arena() const {
     std::int64_t arena = 0;
     for (std::size_t i = 0; i < items_.size(); ++i) {
       arena = std::max(arena, static_cast<std::int64_t>(offsets_[i] + items_[i].size));
     }
-    if (arena >= best_) return;
-    best_ = arena;
-    on_solution_(offsets_, static_cast<std::uint64_t>(arena));
+    return arena;
   }
 
   const std::vector<Item>& items_;
   Skyline skyline_;
-  std::int64_t best_;
-  std::int64_t lower_bound_;
+  std::int64_t capacity_;
   SearchLimits limits_;
   const OnSolution& on_solution_;
   std::vector<std::uint64_t> offsets_;
-  std::vector<std::uint32_t> unplaced_;
-  std::vector<std::int64_t> rank_;
-  std::vector<std::vector<Candidate>> candidates_;  ///< one list per depth, reused
+  std::vector<bool> placed_;
+  std::vector<std::vector<std::uint32_t>> starting_;  ///< per section, the items starting there
+  std::vector<std::uint32_t> by_size_;                ///< all items, smallest first
+  std::vector<std::uint32_t> next_;  ///< propagate: the next section not yet painted
+  std::vector<std::pair<std::int64_t, std::uint32_t>> lowest_;  ///< propagate: (offset, item)
+  /// Per depth, the buffers tried there (a deque: growing it keeps the lists above in place).
+  std::deque<std::vector<std::uint32_t>> candidates_;
   std::uint64_t nodes_ = 0;
   bool stopped_ = false;
+  bool found_ = false;
 };
 
 }  // namespace
 
-SearchOutcome search(const Problem& problem, std::uint64_t best_arena, std::uint64_t lower_bound,
-                     const SearchLimits& limits, const OnSolution& on_solution) {
-  Search s(problem, best_arena, lower_bound, limits, on_solution);
+SearchOutcome search(const Problem& problem, std::uint64_t capacity, const SearchLimits& limits,
+                     const OnSolution& on_solution) {
+  Search s(problem, capacity, limits, on_solution);
   return s.run();
 }
 
