@@ -99,7 +99,7 @@ class PlannedAllocator final : public Allocator {
   CachingAllocator& fallback() { return fallback_; }
   /// Verifies that no two occupied arena ranges overlap and the counters add up; throws
   /// `InvariantViolation` naming the problem. Also runs the fallback's check().
-  void check() const;
+  void check() const override;
 
  private:
   struct Request;
