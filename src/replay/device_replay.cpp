@@ -166,14 +166,7 @@ class DeviceReplay {
           static_cast<double>(m.peak_reserved) / static_cast<double>(row.peak_live) - 1.0;
     }
     row.ooms = m.ooms;
-    row.device_allocs = calls.allocs;
-    row.device_frees = calls.frees;
-    row.device_maps = calls.maps;
-    row.device_unmaps = calls.unmaps;
-    row.handle_creates = calls.creates;
-    row.handle_releases = calls.releases;
-    row.syncs = calls.syncs;
-    row.device_ms = calls.ns / 1e6;
+    detail::set_device_calls(row, calls);
     r.real = timed_.times();
     r.touched_bytes = toucher_.touched();
     if (m.allocator_calls > 0) {

@@ -36,14 +36,7 @@ void fill(Result& r, const Replayer& replayer) {
   r.peak_reserved = m.peak_reserved;
   r.overhead = overhead(m.peak_reserved, r.peak_live);
   r.ooms = m.ooms;
-  r.device_allocs = calls.allocs;
-  r.device_frees = calls.frees;
-  r.device_maps = calls.maps;
-  r.device_unmaps = calls.unmaps;
-  r.handle_creates = calls.creates;
-  r.handle_releases = calls.releases;
-  r.syncs = calls.syncs;
-  r.device_ms = calls.ns / 1e6;
+  set_device_calls(r, calls);
   if (m.allocator_calls > 0) r.ns_per_op = m.loop_ns / static_cast<double>(m.allocator_calls);
 }
 
@@ -113,6 +106,17 @@ void replay_into(Result& r, const trace::Trace& trace, const Plan& plan, const P
 }
 
 }  // namespace
+
+void set_device_calls(Result& row, const DeviceCalls& calls) {
+  row.device_allocs = calls.allocs;
+  row.device_frees = calls.frees;
+  row.device_maps = calls.maps;
+  row.device_unmaps = calls.unmaps;
+  row.handle_creates = calls.creates;
+  row.handle_releases = calls.releases;
+  row.syncs = calls.syncs;
+  row.device_ms = calls.ns / 1e6;
+}
 
 Result result_header(const trace::Trace& trace, const Plan& plan, const std::string& policy,
                      const std::string& start) {

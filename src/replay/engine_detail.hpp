@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "replay/engine.hpp"
+#include "replay/metered_device.hpp"
 #include "replay/plan.hpp"
 
 namespace cistern::replay::detail {
@@ -33,6 +34,9 @@ void require_start(const Policy& policy, Start start);
 /// The fields every row of a trace shares: trace, device, policy, start, peak_live, events.
 Result result_header(const trace::Trace& trace, const Plan& plan, const std::string& policy,
                      const std::string& start);
+
+/// Copies a replay's device-call counts and their simulated time into its row.
+void set_device_calls(Result& row, const DeviceCalls& calls);
 
 /// About `points` points of the timeline, evenly spaced over the events, always including the
 /// events after which live bytes and reserved bytes first reach their peaks.
