@@ -449,6 +449,7 @@ std::vector<CallSeries> made_up_series() {
   CallSeries ramp{"create_2mib", "cuMemCreate", 2 * MiB, {}};
   for (int i = 100; i >= 1; --i) ramp.ns.push_back(i * 1000.0);  // 1..100 us, reversed
   series.push_back(ramp);
+  constant("create_20mib", "cuMemCreate", 20 * MiB, 68'500);  // with 2 MiB: 48.5 us + 1 us/MiB
   constant("map_2mib", "cuMemMap", 2 * MiB, 1'500);
   constant("set_access_2mib", "cuMemSetAccess", 2 * MiB, 30'000);
   constant("unmap_2mib", "cuMemUnmap", 2 * MiB, 20'000);
@@ -482,10 +483,14 @@ int self_test(const Args& args) {
   const Json& fields = results["cost_model"]["fields"];
   expect.near(fields["alloc_ns"].get<double>(), 40'000, "alloc_ns");
   expect.near(fields["alloc_ns_per_mib"].get<double>(), 1'000, "alloc_ns_per_mib");
-  expect.near(fields["map_ns"].get<double>(), 50'500 + 1'500 + 30'000, "map_ns");
-  expect.near(fields["unmap_ns"].get<double>(), 25'000, "unmap_ns");
+  expect.near(fields["create_ns"].get<double>(), 48'500, "create_ns");
+  expect.near(fields["create_ns_per_mib"].get<double>(), 1'000, "create_ns_per_mib");
+  expect.near(fields["map_ns"].get<double>(), 1'500, "map_ns");
+  expect.near(fields["access_ns"].get<double>(), 30'000, "access_ns");
+  expect.near(fields["unmap_ns"].get<double>(), 20'000, "unmap_ns");
   expect.near(fields["event_ns"].get<double>(), 2'000, "event_ns");
-  if (!fields["free_ns"].is_null() || !results["cost_model"]["calls"]["sync_ns"].is_null()) {
+  if (!fields["free_ns"].is_null() || !fields["release_ns"].is_null() ||
+      !results["cost_model"]["calls"]["sync_ns"].is_null()) {
     std::printf("bench_vmm: self-test: unmeasured figures must be null\n");
     ++expect.failures;
   }

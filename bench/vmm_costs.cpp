@@ -134,10 +134,17 @@ Json cost_model(const std::vector<CallSeries>& series) {
   fields["alloc_ns_per_mib"] = alloc_per_mib;
   fields["free_ns"] = free_fixed;
   fields["free_ns_per_mib"] = free_per_mib;
-  // The model's map_ns and unmap_ns price a 2 MiB granule with its own handle, created and
-  // released with it: cuMemCreate + cuMemMap + cuMemSetAccess, cuMemUnmap + cuMemRelease.
-  fields["map_ns"] = sum_of(series, {"create_2mib", "map_2mib", "set_access_2mib"});
-  fields["unmap_ns"] = sum_of(series, {"unmap_2mib", "release_2mib"});
+  // Handles as segments: a fixed cost per call and a cost per MiB, fitted over the sizes timed
+  // (null where fewer than two sizes were); maps, access grants and unmaps per call.
+  const auto [create_fixed, create_per_mib] = size_fit(series, "create");
+  const auto [release_fixed, release_per_mib] = size_fit(series, "release");
+  fields["create_ns"] = create_fixed;
+  fields["create_ns_per_mib"] = create_per_mib;
+  fields["release_ns"] = release_fixed;
+  fields["release_ns_per_mib"] = release_per_mib;
+  fields["map_ns"] = median_of(series, "map_2mib");
+  fields["access_ns"] = median_of(series, "set_access_2mib");
+  fields["unmap_ns"] = median_of(series, "unmap_2mib");
   fields["event_ns"] = median_of(series, "event_query");
 
   Json calls;

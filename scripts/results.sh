@@ -47,6 +47,31 @@ replay somas "$traces"/somas/*.csv
 # minimalloc's sets are in normalised units (2^20 units = the intended capacity): 1 unit = 1 KiB.
 replay minimalloc --scale 1024 "$traces"/minimalloc/*.csv
 
+real_traces=("$traces"/pytorch/*/*.pickle.gz "$traces"/kineto/*.json.gz "$traces"/somas/*.csv)
+# Device time at the low end of the published cost of creating a handle (the default is the high).
+echo "results.sh: device time at --handle-create-us 7.6" >&2
+"$cistern" replay --quiet --policy cistern,torch --handle-create-us 7.6 \
+  --json "$out/low-create.json" "${real_traces[@]}"
+# The steady state of a training step: each window three times in a row.
+echo "results.sh: --repeat 3" >&2
+"$cistern" replay --quiet --policy cistern,torch --repeat 3 --json "$out/repeat.json" \
+  "${real_traces[@]}"
+# cistern on a device of exactly torch's min_capacity, trace by trace.
+rm -f "$out"/at-torch-min-*.json
+python3 - "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" >"$out/torch-min.txt" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    for row in json.load(open(path, encoding="utf-8"))["results"]:
+        if row["policy"] == "torch" and row.get("min_capacity"):
+            print(row["min_capacity"], row["trace"])
+PY
+n=0
+while read -r capacity trace; do
+  n=$((n + 1))
+  "$cistern" replay --quiet --policy cistern --capacity "$capacity" \
+    --json "$out/at-torch-min-$n.json" "$trace"
+done <"$out/torch-min.txt"
+
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git status --porcelain -- src include CMakeLists.txt 2>/dev/null)" ]]; then
   commit="$commit (with uncommitted changes)"
@@ -57,6 +82,8 @@ machine="$(uname -srm), ${cpu:-unknown CPU}, $(nproc) cores"
 python3 scripts/results_md.py --commit "$commit" --machine "$machine" \
   --version "$("$cistern" --version)" --example report-example.html \
   --example-trace "$example" \
+  --low-create "$out/low-create.json" --repeat "$out/repeat.json" \
+  --at-torch-min "$out"/at-torch-min-*.json -- \
   "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" "$out/minimalloc.json" \
   >docs/results.md
 # Which PYTORCH_CUDA_ALLOC_CONF needs the least memory on each snapshot (a section of its own).

@@ -171,6 +171,124 @@ def headline_table(traces):
     return "\n".join(lines)
 
 
+def rows_by_trace(paths):
+    """{trace: {policy: row}} of several JSON files (later files add to earlier ones)."""
+    return load(paths) if paths else {}
+
+
+def ms(x):
+    return "-" if x is None else f"{x:.2f}"
+
+
+def times(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+def fmt_times(x):
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def device_time_table(traces, low):
+    """At 80 GiB: each trace's device time (cost model) under torch and cistern, cistern at both
+    ends of the published cost of creating a handle; creations against torch's cudaMallocs; and
+    cistern's peak reserved against classic segments' (vmm=false)."""
+    head = ["trace", "torch", "cistern (create 193 us)", "/ torch", "cistern (create 7.6 us)",
+            "/ torch", "handles created / torch's cudaMallocs", "peak reserved / vmm=false"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    worst = {"high": None, "low": None}
+    for name, rows in traces.items():
+        torch, cistern = rows.get("torch"), rows.get("cistern")
+        if not torch or not cistern:
+            continue
+        lo = low.get(name, {}).get("cistern", {})
+        high_x = times(cistern.get("device_ms"), torch.get("device_ms"))
+        low_x = times(lo.get("device_ms"), low.get(name, {}).get("torch", {}).get("device_ms"))
+        for key, x in (("high", high_x), ("low", low_x)):
+            if x is not None and (worst[key] is None or x > worst[key]):
+                worst[key] = x
+        classic = rows.get("cistern:vmm=false", {}).get("peak_reserved")
+        peak = fmt_ratio(times(cistern.get("peak_reserved"), classic))
+        lines.append("| " + " | ".join([
+            f"`{name}`", ms(torch.get("device_ms")), ms(cistern.get("device_ms")),
+            fmt_times(high_x), ms(lo.get("device_ms")), fmt_times(low_x),
+            f"{cistern.get('handle_creates', 0)} / {torch.get('device_allocs', 0)}", peak,
+        ]) + " |")
+    return "\n".join(lines), worst
+
+
+def at_capacity_table(traces, at_torch_min):
+    """Device time and synchronisations at each policy's own min_capacity, and cistern's on a
+    device of torch's min_capacity."""
+    head = ["trace", "torch at its min_cap: ms", "syncs", "cistern at its min_cap: ms", "syncs",
+            "unmaps", "cistern at torch's min_cap: ms", "syncs", "/ torch"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    worst = None
+    for name, rows in traces.items():
+        t = (rows.get("torch") or {}).get("at_min_capacity")
+        c = (rows.get("cistern") or {}).get("at_min_capacity")
+        if not t or not c:
+            continue
+        there = at_torch_min.get(name, {}).get("cistern")
+        x = times(there.get("device_ms"), t["device_ms"]) if there and not there.get("ooms") else None
+        if x is not None and (worst is None or x > worst):
+            worst = x
+        lines.append("| " + " | ".join([
+            f"`{name}`", ms(t["device_ms"]), str(t["syncs"]), ms(c["device_ms"]), str(c["syncs"]),
+            str(c["unmaps"]), ms(there.get("device_ms")) if there else "-",
+            str(there.get("syncs")) if there else "-", fmt_times(x),
+        ]) + " |")
+    return "\n".join(lines), worst
+
+
+def repeat_table(repeat):
+    """`--repeat 3`: device calls (segments, maps, unmaps) of the first pass and the later ones."""
+    head = ["trace", "torch: pass 1", "passes 2-3", "cistern: pass 1", "passes 2-3"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    quiet = 0
+    total = 0
+    for name, rows in repeat.items():
+        cells = [f"`{name}`"]
+        for policy in ("torch", "cistern"):
+            passes = (rows.get(policy) or {}).get("passes") or []
+            calls = [p["device_allocs"] + p["device_frees"] + p["maps"] + p["unmaps"]
+                     for p in passes]
+            cells += [str(calls[0]) if calls else "-", str(sum(calls[1:])) if calls else "-"]
+            if policy == "cistern" and calls:
+                total += 1
+                quiet += 1 if sum(calls[1:]) == 0 else 0
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines), quiet, total
+
+
+def device_sections(real, low, repeat, at_torch_min):
+    """The device-time sections (empty when their replays were not given)."""
+    out = []
+    if low:
+        table, worst = device_time_table(real, low)
+        out += ["## Device time", "",
+                "Simulated device time of each policy's device calls over the whole trace "
+                "(cost model, [cost-model.md](cost-model.md)), ms, on the 80 GiB device. The "
+                "published cost of creating a physical handle spans 7.6 to 193 us, so cistern's "
+                "figure is shown at both ends (torch makes no handle). Worst cistern / torch: "
+                f"{fmt_times(worst['high'])} at 193 us, {fmt_times(worst['low'])} at 7.6 us.", "",
+                table, ""]
+    if at_torch_min:
+        table, worst = at_capacity_table(real, at_torch_min)
+        out += ["### At the limit", "",
+                "The same on a device of exactly each policy's own min_capacity (JSON "
+                "`at_min_capacity`): what running at the limit costs - torch's release-and-retry, "
+                "cistern's reclaim (unmaps after a query or a synchronisation of the stream that "
+                "used the pages). Then cistern on a device of torch's min_capacity: worst cistern / "
+                f"torch there {fmt_times(worst)}.", "", table, ""]
+    if repeat:
+        table, quiet, total = repeat_table(repeat)
+        out += ["### Steady state", "",
+                "`--repeat 3` on the 80 GiB device: device calls (segments allocated and freed, "
+                "maps, unmaps) in the first pass and in passes 2 and 3. cistern makes none after "
+                f"the first pass on {quiet} of {total} traces.", "", table, ""]
+    return out
+
+
 HOW_TO_READ = """\
 ## How to read this
 
@@ -206,6 +324,11 @@ replay of the window can.
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("json", nargs="+", help="cistern replay --json files")
+    parser.add_argument("--low-create", nargs="*", default=[],
+                        help="replays of cistern and torch with --handle-create-us 7.6")
+    parser.add_argument("--repeat", nargs="*", default=[], help="replays with --repeat 3")
+    parser.add_argument("--at-torch-min", nargs="*", default=[],
+                        help="replays of cistern on a device of torch's min_capacity")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--machine", default="unknown")
     parser.add_argument("--version", default="unknown")
@@ -248,6 +371,8 @@ def main():
                 "How many of them each policy runs without an out-of-memory error on a device "
                 "barely larger than the live data (from the capacity search: min_cap / live at "
                 "most the factor):", "", headline_table(real), ""]
+        out += device_sections(real, rows_by_trace(args.low_create), rows_by_trace(args.repeat),
+                               rows_by_trace(args.at_torch_min))
     for family, rows in families.items():
         out += [f"## {FAMILIES.get(family, family)}", "", family_table(rows), ""]
     out.append(HOW_TO_READ)

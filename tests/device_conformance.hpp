@@ -350,6 +350,36 @@ TYPED_TEST_P(DeviceConformance, MapsRunsOfGranulesAtOffsetsInsideAHandle) {
   EXPECT_EQ(device.release_reservation(other, 2 * granule), Status::ok) << device.last_error();
 }
 
+TYPED_TEST_P(DeviceConformance, MapsARunOfPiecesAllOrNothingAndUnmapsEachAlone) {
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(6 * granule);
+  const PhysicalHandle big = this->create_physical(3 * granule);
+  const PhysicalHandle small = this->create_physical(granule);
+  // Pieces of two handles side by side, the big one's out of order.
+  const MapPiece run[] = {{big, 2 * granule, granule}, {small, 0, granule}, {big, 0, 2 * granule}};
+  ASSERT_EQ(device.map_run(va, run, 3), Status::ok) << device.last_error();
+  // A run whose last piece lies outside its handle maps nothing, not even its good pieces.
+  const MapPiece bad[] = {{big, 0, granule}, {small, granule, granule}};
+  EXPECT_EQ(device.map_run(bytes_at(va, 4 * granule), bad, 2), Status::invalid_argument);
+  // Each piece is a mapping of its own; a range over two of them unmaps both.
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), granule), Status::invalid_argument)
+      << "part of the third piece";
+  EXPECT_EQ(device.unmap(va, granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), 2 * granule), Status::ok)
+      << device.last_error();
+  // Nothing of the failed run is left: its range maps again.
+  ASSERT_EQ(device.map(bytes_at(va, 4 * granule), 2 * granule, big, 0), Status::ok)
+      << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, 4 * granule), 2 * granule), Status::ok)
+      << device.last_error();
+  EXPECT_EQ(device.release_physical(big), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(small), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 6 * granule), Status::ok) << device.last_error();
+}
+
 TYPED_TEST_P(DeviceConformance, MapsOneHandleAtSeveralAddressesUntilTheLastMappingGoes) {
   if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
   Device& device = this->device();
@@ -569,6 +599,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     ReleasedPhysicalMemoryReturnsWithItsLastMapping, MisalignedMapIsInvalid,
     ReleasingAReservationWithMappingsIsInvalid, ReservesLargeRangesThatNeverOverlapAndTakeNoMemory,
     CreatesPhysicalHandlesOfSeveralSizes, MapsRunsOfGranulesAtOffsetsInsideAHandle,
+    MapsARunOfPiecesAllOrNothingAndUnmapsEachAlone,
     MapsOneHandleAtSeveralAddressesUntilTheLastMappingGoes,
     UnmapsPartOfWhatWasMappedAsSeparateCalls, UnmappingPartOfOneMappingIsInvalidAndChangesNothing,
     SynchronisesAStreamAndAnEventBeforeUnmapping, AFailedVirtualMemoryCallLeavesNothingBehind,

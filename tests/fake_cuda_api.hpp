@@ -486,12 +486,20 @@ inline CUresult cu_mem_unmap(CUdeviceptr ptr, std::size_t size) {
 inline CUresult cu_mem_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc,
                                   std::size_t count) {
   CISTERN_FAKE_DRIVER("cuMemSetAccess", hex(ptr) + " " + std::to_string(size), true);
-  const auto found = state().mappings.find(ptr);
-  if (found == state().mappings.end() || found->second.bytes != size || count != 1) {
-    return CUDA_ERROR_INVALID_VALUE;
+  // The driver's rule: a fully mapped range, here made of whole earlier mappings side by side.
+  FakeCuda& s = state();
+  if (count != 1 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  const CUdeviceptr end = ptr + size;
+  auto it = s.mappings.find(ptr);
+  for (CUdeviceptr at = ptr; at < end; at += (it++)->second.bytes) {
+    if (it == s.mappings.end() || it->first != at || at + it->second.bytes > end) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
   }
-  found->second.accessible = true;
-  found->second.access = desc[0];
+  for (it = s.mappings.find(ptr); it != s.mappings.end() && it->first < end; ++it) {
+    it->second.accessible = true;
+    it->second.access = desc[0];
+  }
   return CUDA_SUCCESS;
 }
 

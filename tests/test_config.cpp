@@ -87,6 +87,19 @@ TEST(ConfigKeys, SizeKeysAreMiB) {
   EXPECT_EQ(Config::parse("memory_limit_mb:0.5").memory_limit, 512 * KiB);
 }
 
+TEST(ConfigKeys, HandleSizesAreMiBAndTheLargestMayBeAuto) {
+  const Config c =
+      Config::parse("small_handle_size_mb:4,large_handle_size_mb:64,max_handle_size_mb:512");
+  EXPECT_EQ(c.small_handle_size, 4 * MiB);
+  EXPECT_EQ(c.large_handle_size, 64 * MiB);
+  EXPECT_EQ(c.max_handle_size, 512 * MiB);
+  EXPECT_EQ(Config::parse("max_handle_size_mb:auto").max_handle_size, 0u);
+  EXPECT_EQ(Config().max_handle_size, 0u);
+  EXPECT_EQ(Config::parse("max_handle_size_mb:64").to_string(), "max_handle_size_mb:64");
+  EXPECT_THROW(Config::parse("max_handle_size_mb:0"), InvalidArgument);
+  EXPECT_THROW(Config::parse("max_handle_size_mb:big"), InvalidArgument);
+}
+
 TEST(ConfigKeys, FractionKeys) {
   EXPECT_EQ(Config::parse("garbage_collection_threshold:0.6").garbage_collection_threshold, 0.6);
   EXPECT_EQ(Config::parse("garbage_collection_threshold:0").garbage_collection_threshold, 0.0);
@@ -575,6 +588,7 @@ const char* const kAllKeys[] = {
     "release_threshold_mb",
     "small_handle_size_mb",
     "large_handle_size_mb",
+    "max_handle_size_mb",
     "per_process_memory_fraction",
     "memory_limit_mb",
     "cross_stream_reuse",

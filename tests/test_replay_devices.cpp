@@ -108,8 +108,11 @@ CostModel distinct_costs() {
   c.alloc_ns = 1;
   c.free_ns = 2;
   c.create_ns = 10;
+  c.create_ns_per_mib = 4;
   c.release_ns = 20;
+  c.release_ns_per_mib = 8;
   c.map_ns = 100;
+  c.access_ns = 300;
   c.unmap_ns = 200;
   c.event_ns = 1000;
   c.sync_stream_ns = 10'000;
@@ -195,26 +198,51 @@ TEST(MeteredDevice, CountsAndPricesEveryCallOfAPageAllocator) {
   EXPECT_EQ(calls.unmaps, 5u);
   EXPECT_EQ(calls.events, 5u);  // create, record, query, wait, destroy
   EXPECT_EQ(calls.syncs, 4u);   // two streams, one event, the device
-  // Handles per 2 MiB page, maps and unmaps per call, events at event_ns (create and destroy
-  // free), each synchronisation at its own price.
-  EXPECT_DOUBLE_EQ(calls.ns,
-                   5 * 10 + 5 * 20 + 5 * 100 + 5 * 200 + 3 * 1000 + 2 * 10'000 + 20'000 + 40'000);
+  // Handles per call and per MiB, maps (with their access) and unmaps per call, events at
+  // event_ns (create and destroy free), each synchronisation at its own price.
+  EXPECT_DOUBLE_EQ(calls.ns, 5 * (10 + 2 * 4) + 5 * (20 + 2 * 8) + 5 * (100 + 300) + 5 * 200 +
+                                 3 * 1000 + 2 * 10'000 + 20'000 + 40'000);
   EXPECT_EQ(sim.used_bytes(), 0u);
 }
 
-TEST(MeteredDevice, PricesAHandleByItsPagesAndAFailedCallOnce) {
+TEST(MeteredDevice, PricesAHandlePerCallAndBySizeAndAFailedCallAtItsFixedCost) {
   SimDevice sim(small_sim());
   MeteredDevice meter(sim, distinct_costs());
   PhysicalHandle handle;
-  ASSERT_EQ(meter.create_physical(6 * MiB, &handle), Status::ok);  // three 2 MiB pages
-  EXPECT_DOUBLE_EQ(meter.calls().ns, 3 * 10);
+  ASSERT_EQ(meter.create_physical(6 * MiB, &handle), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 10 + 6 * 4);
   ASSERT_EQ(meter.release_physical(handle), Status::ok);
-  EXPECT_DOUBLE_EQ(meter.calls().ns, 3 * 10 + 3 * 20);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 10 + 6 * 4 + 20 + 6 * 8);
   PhysicalHandle too_big;
   EXPECT_EQ(meter.create_physical(128 * MiB, &too_big), Status::out_of_memory);
-  EXPECT_DOUBLE_EQ(meter.calls().ns, 3 * 10 + 3 * 20 + 10);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 10 + 6 * 4 + 20 + 6 * 8 + 10);
   EXPECT_EQ(meter.calls().creates, 1u);
   EXPECT_EQ(meter.calls().releases, 1u);
+}
+
+TEST(MeteredDevice, PricesAMapRunAsAMapPerPieceAndOneAccess) {
+  SimDevice sim(small_sim());
+  MeteredDevice meter(sim, distinct_costs());
+  void* va = nullptr;
+  ASSERT_EQ(meter.reserve(8 * MiB, 0, &va), Status::ok);
+  PhysicalHandle big;
+  PhysicalHandle small;
+  ASSERT_EQ(meter.create_physical(4 * MiB, &big), Status::ok);
+  ASSERT_EQ(meter.create_physical(2 * MiB, &small), Status::ok);
+  const double before = meter.calls().ns;
+  const MapPiece pieces[] = {{big, 2 * MiB, 2 * MiB}, {small, 0, 2 * MiB}, {big, 0, 2 * MiB}};
+  ASSERT_EQ(meter.map_run(va, pieces, 3), Status::ok);
+  EXPECT_EQ(meter.calls().maps, 3u);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 3 * 100 + 300);
+  // Each piece is a mapping of its own: the middle one unmaps alone.
+  EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 2 * MiB, 2 * MiB), Status::ok);
+  EXPECT_EQ(meter.unmap(va, 2 * MiB), Status::ok);
+  EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 4 * MiB, 2 * MiB), Status::ok);
+  EXPECT_EQ(meter.calls().unmaps, 3u);
+  ASSERT_EQ(meter.release_physical(big), Status::ok);
+  ASSERT_EQ(meter.release_physical(small), Status::ok);
+  ASSERT_EQ(meter.release_reservation(va, 8 * MiB), Status::ok);
+  EXPECT_EQ(sim.used_bytes(), 0u);
 }
 
 TEST(MeteredDevice, CountsTheClassicAllocatorsSegmentsAndEvents) {

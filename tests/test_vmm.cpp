@@ -23,7 +23,7 @@ class Engine : public AllocatorTest {
  protected:
   // Page-sized handles by default, so that every byte figure below is exact.
   void engine(const std::string& extra, std::size_t capacity) {
-    make("vmm:True,small_handle_size_mb:2,large_handle_size_mb:2" +
+    make("vmm:True,small_handle_size_mb:2,large_handle_size_mb:2,max_handle_size_mb:2" +
              (extra.empty() ? std::string() : "," + extra),
          capacity);
     ASSERT_TRUE(alloc->uses_virtual_memory());
@@ -110,6 +110,30 @@ TEST_F(Engine, OutOfMemoryOnlyWhenLiveBlocksLeaveNoPage) {
   alloc->deallocate(c, default_stream);
 }
 
+// As PyTorch's: out of memory is reported with the cache emptied. A request larger than the
+// device is refused without reserving address space for it or searching for pages (a fuzzed
+// trace asking for terabytes took seconds per request before).
+TEST_F(Engine, OutOfMemoryEmptiesTheCacheAndAnImpossibleRequestReservesNothing) {
+  engine("", 8 * MiB);
+  void* a = alloc->allocate(3 * MiB, default_stream);
+  void* keep = alloc->allocate(1000, default_stream);
+  alloc->deallocate(a, default_stream);  // two cached pages
+  const auto reserves = device_calls(DeviceOp::reserve);
+  EXPECT_THROW(alloc->allocate(std::size_t{3} << 40, default_stream), OutOfMemory);
+  EXPECT_EQ(device_calls(DeviceOp::reserve), reserves);
+  EXPECT_EQ(alloc->reserved_bytes(), kPage);  // only the live small block's page is left
+  EXPECT_EQ(device->used_bytes(), kPage);
+  alloc->check();
+  // A request that could fit but does not, with the small page pinned: the same.
+  void* b = alloc->allocate(4 * MiB, default_stream);
+  alloc->deallocate(b, default_stream);
+  EXPECT_THROW(alloc->allocate(7 * MiB, default_stream), OutOfMemory);
+  EXPECT_EQ(alloc->reserved_bytes(), kPage);
+  EXPECT_EQ(stats().num_ooms, 2);
+  alloc->check();
+  alloc->deallocate(keep, default_stream);
+}
+
 TEST_F(Engine, PendingFreesAreWaitedForBeforeGivingUp) {
   engine("", 4 * MiB);
   const Stream s1 = device->create_stream();
@@ -192,17 +216,45 @@ TEST_F(Engine, EmptyCacheReturnsEveryUnusedPageAndHandle) {
   EXPECT_EQ(device->live_reservations(), 0u);
 }
 
-TEST_F(Engine, LargeHandlesAreCutIntoPagesAndNeverExceedTheSegments) {
-  make("vmm:True", 256 * MiB);  // 20 MiB handles in the large pool, 2 MiB in the small one
+TEST_F(Engine, OneHandlePerGrowthMappedInOneRunAndNeverAboveTheSegments) {
+  make("vmm:True", 256 * MiB);  // defaults: handles of at least 20 MiB / 2 MiB, one per growth
+  alloc->record_history(true, 1000);
   void* a = alloc->allocate(3 * MiB, default_stream);
-  // One 20 MiB handle: two pages mapped, the rest pooled for the segment's later blocks.
+  // One 20 MiB handle for the 20 MiB segment, all of it mapped in one run (as a classic segment
+  // comes whole), so that the segment's later blocks make no device call.
   EXPECT_EQ(alloc->reserved_bytes(), 20 * MiB);
-  EXPECT_EQ(reserved(), static_cast<std::int64_t>(2 * kPage));
-  void* b =
-      alloc->allocate(12 * MiB, default_stream);  // its own 12 MiB segment: pages from the pool
-  EXPECT_EQ(alloc->reserved_bytes(), 20 * MiB);
-  EXPECT_EQ(stats().num_handles_created, 1);
-  alloc->deallocate(a, default_stream);
+  EXPECT_EQ(reserved(), static_cast<std::int64_t>(20 * MiB));
+  EXPECT_EQ(device_calls(DeviceOp::create_physical), 1u);
+  const auto maps = device_calls(DeviceOp::map);
+  void* a2 = alloc->allocate(5 * MiB, default_stream);
+  EXPECT_EQ(device_calls(DeviceOp::map), maps);
+  // A 100 MiB request: its own segment, one 100 MiB handle, one run of 50 pages.
+  void* b = alloc->allocate(100 * MiB, default_stream);
+  EXPECT_EQ(alloc->reserved_bytes(), 120 * MiB);
+  EXPECT_EQ(stats().num_handles_created, 2);
+  EXPECT_EQ(stats().num_pages_mapped, 10 + 50);
+  std::size_t runs = 0;
+  for (const HistoryEntry& e : alloc->history()) {
+    if (e.action != HistoryEntry::Action::segment_map) continue;
+    EXPECT_EQ(e.size, runs == 0 ? 20 * MiB : 100 * MiB);
+    ++runs;
+  }
+  EXPECT_EQ(runs, 2u);
+  alloc->check();
+  for (void* p : {a, a2, b}) alloc->deallocate(p, default_stream);
+  // Free, all of it goes back in two handle releases.
+  alloc->empty_cache();
+  EXPECT_EQ(alloc->reserved_bytes(), 0u);
+  EXPECT_EQ(stats().num_handles_released, 2);
+  EXPECT_EQ(device->used_bytes(), 0u);
+}
+
+TEST_F(Engine, MaxHandleSizeCapsEachCreation) {
+  make("vmm:True,max_handle_size_mb:40", 256 * MiB);
+  void* b = alloc->allocate(100 * MiB, default_stream);  // 40 + 40 + 20 MiB
+  EXPECT_EQ(stats().num_handles_created, 3);
+  EXPECT_EQ(alloc->reserved_bytes(), 100 * MiB);
+  alloc->check();
   alloc->deallocate(b, default_stream);
 }
 
@@ -220,17 +272,20 @@ TEST_F(Engine, SnapshotAndHistoryDescribeExpandableSegments) {
   EXPECT_EQ(snap.segments[0].blocks[0].size, 3 * MiB);
   EXPECT_EQ(snap.segments[0].blocks[1].size, 1 * MiB);
   EXPECT_EQ(snap.segments[0].blocks[1].state, BlockState::inactive);
+  // Both pages in one map_run, recorded as one segment_map of the range (as PyTorch records one
+  // per expansion); each page stays a mapping of its own and is unmapped alone.
   const auto history = alloc->history();
   std::size_t maps = 0;
   for (const HistoryEntry& e : history) {
     EXPECT_NE(e.action, HistoryEntry::Action::segment_alloc);
     if (e.action == HistoryEntry::Action::segment_map) {
-      EXPECT_EQ(e.size, kPage);
-      EXPECT_EQ(e.addr, addr(a) + maps * kPage);
+      EXPECT_EQ(e.size, 2 * kPage);
+      EXPECT_EQ(e.addr, addr(a));
       ++maps;
     }
   }
-  EXPECT_EQ(maps, 2u);
+  EXPECT_EQ(maps, 1u);
+  EXPECT_EQ(device_calls(DeviceOp::map), 2u);  // SimDevice maps a run piece by piece
   alloc->deallocate(a, default_stream);
   alloc->empty_cache();
   std::size_t unmaps = 0;
@@ -267,7 +322,7 @@ TEST_F(Engine, PyTorchSnapshotWithMapsAndUnmapsReadsBack) {
     if (e.kind == trace::RecordedSegmentEvent::Kind::map) ++maps;
     if (e.kind == trace::RecordedSegmentEvent::Kind::unmap) ++unmaps;
   }
-  EXPECT_EQ(maps, 5u);
+  EXPECT_EQ(maps, 3u);  // one per run: a's two pages, b's third, c's two
   EXPECT_EQ(unmaps, 1u);
   alloc->deallocate(b, s1);
   alloc->deallocate(c, s2);

@@ -72,12 +72,18 @@ struct Config {
   /// engine keeps; above it, whole pages and handles go back to the device after a free
   /// (`release_threshold_mb`, as `cudaMemPoolAttrReleaseThreshold`). SIZE_MAX: unlimited.
   std::size_t release_threshold = SIZE_MAX;
-  /// Size of the physical handles the engine creates for the small pool
-  /// (`small_handle_size_mb`); a multiple of the device's granularity.
+  /// Smallest physical handle the engine creates for the small pool (`small_handle_size_mb`); a
+  /// growth that needs more pages gets one handle holding them all. Rounded up to the device's
+  /// granularity.
   std::size_t small_handle_size = 2u << 20;
-  /// Size of the physical handles the engine creates for the large pool
-  /// (`large_handle_size_mb`); PyTorch maps 20 MiB handles there.
+  /// Smallest physical handle the engine creates for the large pool (`large_handle_size_mb`;
+  /// PyTorch maps 20 MiB handles there); a growth that needs more gets one handle for it all.
   std::size_t large_handle_size = 20u << 20;
+  /// Largest physical handle the engine creates (`max_handle_size_mb`). 0 (`auto`): one handle
+  /// per growth, as large as the pages it needs - creation is the expensive call, and a classic
+  /// allocator makes one cudaMalloc per segment - or, with a release threshold, handles of the
+  /// two sizes above, so that memory can go back in those steps (a handle returns whole).
+  std::size_t max_handle_size = 0;
   /// Let a stream take a whole cached segment from another stream's pool, ordering itself after
   /// that stream's work with an event, before asking the device (`cross_stream_reuse`).
   bool cross_stream_reuse = true;

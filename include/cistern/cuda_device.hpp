@@ -159,6 +159,7 @@ class CudaVmmDevice final : public CudaDevice {
   Status release_physical(PhysicalHandle handle) noexcept override;
   Status map(void* va, std::size_t bytes, PhysicalHandle handle,
              std::size_t offset) noexcept override;
+  Status map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept override;
   Status unmap(void* va, std::size_t bytes) noexcept override;
 
   /// Live reservations, physical handles (not yet released) and mappings.

@@ -16,7 +16,9 @@
 // * Virtual memory (optional, `supports_virtual_memory()`). `reserve` takes address space only;
 //   `create_physical` takes capacity; `map` backs [va, va+bytes) of a reservation with physical
 //   memory from `offset` of a handle and makes it accessible; `unmap` removes mappings. Sizes,
-//   addresses and offsets are multiples of `granularity()`. A physical handle may be released
+//   addresses and offsets are multiples of `granularity()`. `map_run` maps several pieces side
+//   by side and makes the run accessible at once (PyTorch's expansion of a segment); each piece
+//   stays a mapping of its own for `unmap`. A physical handle may be released
 //   while mapped; its memory returns to the device only when the last mapping is gone (as with
 //   `cuMemRelease`).
 // * Streams and events. Work submitted to a stream runs in order. `record_event(e, s)` captures
@@ -41,6 +43,13 @@ enum class Status : int {
   invalid_argument,  ///< a precondition was violated (bad pointer, misaligned size, ...)
   not_supported,     ///< the backend does not implement the operation
   device_error,      ///< any other failure (driver error, device lost, ...)
+};
+
+/// One piece of a `Device::map_run`: `bytes` of `handle` from `offset`.
+struct MapPiece {
+  PhysicalHandle handle;
+  std::size_t offset = 0;
+  std::size_t bytes = 0;
 };
 
 /// The name of a status, e.g. "out_of_memory".
@@ -121,6 +130,11 @@ class Device {
   /// Maps `bytes` of `handle` starting at `offset` to `va` and makes it accessible.
   virtual Status map(void* va, std::size_t bytes, PhysicalHandle handle,
                      std::size_t offset) noexcept = 0;
+  /// Maps `count` pieces one after another from `va` - each a mapping of its own, to be unmapped
+  /// alone later - and makes the whole run accessible in one step: one cuMemMap per piece and one
+  /// cuMemSetAccess over the run, as PyTorch grows an expandable segment. All or nothing: on
+  /// failure none of the pieces is mapped. The default maps piece by piece through `map`.
+  virtual Status map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept;
   /// Unmaps [va, va+bytes), which must be exactly covered by earlier mappings.
   virtual Status unmap(void* va, std::size_t bytes) noexcept = 0;
 

@@ -35,6 +35,16 @@ nlohmann::ordered_json result_json(const replay::Result& r) {
   j["peak_reserved"] = or_null(r.peak_reserved);
   j["overhead"] = or_null(r.overhead);
   j["min_capacity"] = or_null(r.min_capacity);
+  if (r.at_min_capacity) {
+    const replay::AtCapacity& m = *r.at_min_capacity;
+    j["at_min_capacity"] = {{"device_allocs", m.device_allocs},
+                            {"device_frees", m.device_frees},
+                            {"maps", m.maps},
+                            {"unmaps", m.unmaps},
+                            {"handle_creates", m.handle_creates},
+                            {"syncs", m.syncs},
+                            {"device_ms", m.device_ms}};
+  }
   j["events"] = r.events;
   j["ooms"] = r.ooms;
   j["device_allocs"] = r.device_allocs;

@@ -159,12 +159,14 @@ class CachingAllocator::Impl {
   detail::Block* new_expandable_segment(detail::StreamPool& pool, std::size_t size, bool small);
   bool map_for(detail::StreamPool& pool, detail::Block* b, std::size_t size, bool small);
   bool map_range(detail::StreamPool& pool, detail::Segment& seg, std::uintptr_t lo,
-                 std::uintptr_t hi);
+                 std::uintptr_t hi, std::uintptr_t limit);
   void unmap_mapped_now(detail::StreamPool& pool, detail::Segment& seg,
                         const std::vector<std::size_t>& pages);
   bool obtain_pages(const detail::StreamPool& pool, const detail::Segment& seg, std::size_t n,
                     std::uintptr_t lo, std::uintptr_t hi);
-  bool create_handle(const detail::Segment& seg, std::size_t deficit);
+  bool map_run_of(detail::StreamPool& pool, detail::Segment& seg, std::size_t first,
+                  std::size_t end, std::vector<MapPiece>& pieces);
+  bool create_handle(const detail::Segment& seg, std::size_t deficit, std::size_t& ceiling);
   std::size_t reclaim_pages(const detail::StreamPool* held, std::size_t want,
                             const detail::Segment* keep, std::uintptr_t lo, std::uintptr_t hi);
   void wait_for_stream(Stream stream);

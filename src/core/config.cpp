@@ -376,16 +376,32 @@ constexpr Option kOptions[] = {
      },
      nullptr},
     {"small_handle_size_mb", "MiB, > 0",
-     "With the engine: size of the physical handles created for the small pool.",
+     "With the engine: the smallest physical handle created for the small pool.",
      [](Config& c, const std::string& text) { c.small_handle_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.small_handle_size); },
      [](const Config& c) { return positive_size(c.small_handle_size); }},
     {"large_handle_size_mb", "MiB, > 0",
-     "With the engine: size of the physical handles created for the large pool (PyTorch maps "
+     "With the engine: the smallest physical handle created for the large pool (PyTorch maps "
      "20 MiB handles there).",
      [](Config& c, const std::string& text) { c.large_handle_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.large_handle_size); },
      [](const Config& c) { return positive_size(c.large_handle_size); }},
+    {"max_handle_size_mb", "MiB or auto",
+     "With the engine: the largest physical handle created; auto: one handle per growth, as "
+     "large as the pages it needs (creation is the expensive call), or handles of the sizes "
+     "above when release_threshold_mb is set (a handle goes back to the device whole).",
+     [](Config& c, const std::string& text) {
+       if (text == "auto") {
+         c.max_handle_size = 0;
+         return;
+       }
+       c.max_handle_size = parse_mib(text);
+       if (c.max_handle_size == 0) throw BadValue{"expected auto or MiB > 0"};
+     },
+     [](const Config& c) {
+       return c.max_handle_size == 0 ? std::string("auto") : mib_text(c.max_handle_size);
+     },
+     nullptr},
     {"per_process_memory_fraction", "fraction in (0, 1]",
      "Fraction of the device's memory that this allocator may reserve.",
      [](Config& c, const std::string& text) {

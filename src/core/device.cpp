@@ -1,8 +1,10 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
 // Names of the device contract's enumerations, spelled exactly as the enumerators so that a
-// message can be searched for in the source.
+// message can be searched for in the source, and the contract's default `map_run`.
 #include "cistern/device.hpp"
+
+#include <cstdint>
 
 namespace cistern {
 
@@ -39,6 +41,26 @@ const char* to_string(DeviceOp op) noexcept {
     case DeviceOp::memory_info: return "memory_info";
   }
   return "unknown_op";  // only reachable through a cast of an out-of-range integer
+}
+
+Status Device::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
+  const auto start = reinterpret_cast<std::uintptr_t>(va);
+  std::uintptr_t at = start;
+  for (std::size_t i = 0; i < count; ++i) {
+    const Status status =
+        map(reinterpret_cast<void*>(at), pieces[i].bytes, pieces[i].handle, pieces[i].offset);
+    if (status != Status::ok) {
+      // All or nothing: undo the pieces already mapped (nothing has used them yet).
+      std::uintptr_t back = start;
+      for (std::size_t j = 0; j < i; ++j) {
+        (void)unmap(reinterpret_cast<void*>(back), pieces[j].bytes);
+        back += pieces[j].bytes;
+      }
+      return status;
+    }
+    at += pieces[i].bytes;
+  }
+  return Status::ok;
 }
 
 }  // namespace cistern

@@ -39,17 +39,28 @@ std::size_t CachingAllocator::Impl::handle_size(bool large) const noexcept {
 
 // Pool lock held. Hands out the best fit (mapping its pages), else a new expandable segment. Short
 // of pages even after reclaim, waits for every pending free (they may cover pages) and tries
-// once more; out of memory only when the live blocks leave no page to take.
+// once more; out of memory only when the live blocks leave no page to take. As PyTorch's, the
+// cache is empty when out of memory is reported: every unused handle has gone back.
 void* CachingAllocator::Impl::allocate_engine(StreamPool& pool, std::size_t size, std::size_t bytes,
                                               bool small) {
+  // A request the device or the limit could never back skips the search for pages (reserving
+  // its address space, scanning every pool) and goes straight to the release and the error.
+  const std::size_t pages_bytes = round_up(size, page_size_);
+  const bool possible =
+      (device_total_ == 0 || pages_bytes <= device_total_) && pages_bytes <= allowed_;
   // Parked blocks are coalesced first: reclaim must not merge a block it is mapping.
   pool.flush_parked();
-  if (void* p = take_mapped(pool, size, bytes, small)) return p;
+  if (possible) {
+    if (void* p = take_mapped(pool, size, bytes, small)) return p;
+  }
   // As PyTorch before it reports out of memory: wait for every pending free and return every
   // whole cached segment (its pages go to the page pool), then try once more.
   ++num_alloc_retries_;
   release_cache(&pool);
-  if (void* p = take_mapped(pool, size, bytes, small)) return p;
+  if (possible) {
+    if (void* p = take_mapped(pool, size, bytes, small)) return p;
+  }
+  release_unused_handles();
   throw_out_of_memory(pool, bytes, size, policy_.segment_size(size), small);
 }
 
@@ -77,46 +88,79 @@ Block* CachingAllocator::Impl::new_expandable_segment(StreamPool& pool, std::siz
 }
 
 // Pool lock held; `b` free and indexed. Maps the pages the block will occupy when handed out for
-// `size` (the split-off rest keeps whatever it has).
+// `size`; pooled pages to spare (a new handle larger than the need) go into the split-off rest
+// in the same map_run, as a classic segment is mapped whole, so that later blocks cut from it
+// make no device call.
 bool CachingAllocator::Impl::map_for(StreamPool& pool, Block* b, std::size_t size, bool small) {
   Segment& seg = *b->segment;
   if (seg.unmapped_pages == 0) return true;
   const std::size_t used = policy_.should_split(b->size, size, small) ? size : b->size;
-  return map_range(pool, seg, b->addr, b->addr + used);
+  return map_range(pool, seg, b->addr, b->addr + used, b->addr + b->size);
 }
 
-// Maps every unmapped page of `seg` that [lo, hi) touches, one page per call. False (nothing
-// changed) when no page can be had; a failing map unmaps what this call mapped and throws.
+// Maps every unmapped page of `seg` that [lo, hi) touches, and as many more of [hi, limit) -
+// free space of the same block - as the page pool has to spare once those are had: each run of
+// adjacent pages in one map_run (a cuMemMap per page, one cuMemSetAccess per run), every page a
+// mapping of its own so that reclaim can unmap it alone. False (nothing changed) when no page
+// can be had; a failing map unmaps what this call mapped and throws.
 bool CachingAllocator::Impl::map_range(StreamPool& pool, Segment& seg, std::uintptr_t lo,
-                                       std::uintptr_t hi) {
+                                       std::uintptr_t hi, std::uintptr_t limit) {
   const std::size_t first = (lo - seg.base) / seg.page_size;
-  const std::size_t last = (hi - seg.base + seg.page_size - 1) / seg.page_size;
-  std::vector<std::size_t> missing;
-  for (std::size_t i = first; i < last; ++i) {
-    if (seg.pages[i] == Segment::kNoPage) missing.push_back(i);
+  std::size_t last = (hi - seg.base + seg.page_size - 1) / seg.page_size;
+  std::size_t missing = 0;
+  for (std::size_t i = first; i < last; ++i) missing += seg.pages[i] == Segment::kNoPage ? 1 : 0;
+  if (missing == 0) return true;
+  if (!obtain_pages(pool, seg, missing, lo, hi)) return false;
+  const std::size_t end = (limit - seg.base + seg.page_size - 1) / seg.page_size;
+  for (std::size_t spare = page_pool_.size() - missing; last < end && spare > 0; ++last) {
+    spare -= seg.pages[last] == Segment::kNoPage ? 1 : 0;
   }
-  if (missing.empty()) return true;
-  if (!obtain_pages(pool, seg, missing.size(), lo, hi)) return false;
   std::vector<std::size_t> mapped;
-  for (const std::size_t i : missing) {
-    const std::uint64_t id = page_pool_.take();
-    const detail::HandleSlot& slot = page_pool_.handle(detail::page_slot(id));
-    const Status status = device_.map(address(seg, i), seg.page_size, slot.handle,
-                                      std::size_t{detail::page_index(id)} * seg.page_size);
-    if (status != Status::ok) {
-      page_pool_.put(id);
-      unmap_mapped_now(pool, seg, mapped);
-      if (status == Status::out_of_memory) return false;
-      detail::throw_device_error(device_, status, DeviceOp::map);
+  std::vector<MapPiece> pieces;
+  for (std::size_t i = first; i < last;) {
+    if (seg.pages[i] != Segment::kNoPage) {
+      ++i;
+      continue;
     }
-    seg.pages[i] = id;
-    --seg.unmapped_pages;
-    mapped.push_back(i);
-    pool.count_mapped(!seg.large, static_cast<std::int64_t>(seg.page_size));
-    ++num_pages_mapped_;
-    record(HistoryEntry::Action::segment_map, reinterpret_cast<std::uintptr_t>(address(seg, i)),
-           seg.page_size, pool.stream);
+    std::size_t end = i;
+    while (end < last && seg.pages[end] == Segment::kNoPage) ++end;
+    if (!map_run_of(pool, seg, i, end, pieces)) {
+      unmap_mapped_now(pool, seg, mapped);
+      return false;
+    }
+    for (std::size_t k = i; k < end; ++k) mapped.push_back(k);
+    i = end;
   }
+  return true;
+}
+
+// Maps pages [first, end) of `seg`, all unmapped, with pages from the pool (which holds enough)
+// in one map_run. False (the pages back in the pool) when the device is out of memory; throws
+// on any other failure.
+bool CachingAllocator::Impl::map_run_of(StreamPool& pool, Segment& seg, std::size_t first,
+                                        std::size_t end, std::vector<MapPiece>& pieces) {
+  pieces.clear();
+  std::vector<std::uint64_t> ids;
+  ids.reserve(end - first);
+  for (std::size_t i = first; i < end; ++i) {
+    const std::uint64_t id = page_pool_.take();
+    ids.push_back(id);
+    pieces.push_back({page_pool_.handle(detail::page_slot(id)).handle,
+                      std::size_t{detail::page_index(id)} * seg.page_size, seg.page_size});
+  }
+  const Status status = device_.map_run(address(seg, first), pieces.data(), pieces.size());
+  if (status != Status::ok) {
+    for (auto id = ids.rbegin(); id != ids.rend(); ++id) page_pool_.put(*id);
+    if (status == Status::out_of_memory) return false;
+    detail::throw_device_error(device_, status, DeviceOp::map);
+  }
+  for (std::size_t i = first; i < end; ++i) seg.pages[i] = ids[i - first];
+  const std::size_t bytes = (end - first) * seg.page_size;
+  seg.unmapped_pages -= end - first;
+  pool.count_mapped(!seg.large, static_cast<std::int64_t>(bytes));
+  num_pages_mapped_ += static_cast<std::int64_t>(end - first);
+  record(HistoryEntry::Action::segment_map, reinterpret_cast<std::uintptr_t>(address(seg, first)),
+         bytes, pool.stream);
   return true;
 }
 
@@ -130,32 +174,48 @@ void CachingAllocator::Impl::unmap_mapped_now(StreamPool& pool, Segment& seg,
 // blocks (never from [lo, hi) of `seg`, which is being mapped).
 bool CachingAllocator::Impl::obtain_pages(const StreamPool& pool, const Segment& seg, std::size_t n,
                                           std::uintptr_t lo, std::uintptr_t hi) {
+  std::size_t ceiling = SIZE_MAX;  // handle sizes the device has refused are not asked again
   while (page_pool_.size() < n) {
     const std::size_t deficit = n - page_pool_.size();
-    if (create_handle(seg, deficit)) continue;
+    if (create_handle(seg, deficit, ceiling)) continue;
     if (reclaim_pages(&pool, deficit, &seg, lo, hi) == 0) return false;
   }
   return true;
 }
 
-// Creates one handle for `seg`'s kind: the configured handle size, else just the deficit, else
-// one page. The size never takes the handles held above the address space of the segments, so
-// the engine never holds more than classic segments placed the same way would. False when the
-// device or the limit has room for none.
-bool CachingAllocator::Impl::create_handle(const Segment& seg, std::size_t deficit) {
+// Creates one handle for `seg`'s kind: as large as the deficit and at least the configured
+// handle size - one creation per growth, as a classic allocator makes one cudaMalloc per segment
+// (creation is the expensive call) - capped by `max_handle_size` (auto: no cap, or the
+// configured size with a release threshold, so that memory can go back in those steps: a handle
+// returns whole). The size never takes
+// the handles held above the address space of the segments, so the engine never holds more than
+// classic segments placed the same way would. Refused, it tries the deficit, then one page;
+// `ceiling` keeps the sizes refused out of later tries. False when the device or the limit has
+// room for none.
+bool CachingAllocator::Impl::create_handle(const Segment& seg, std::size_t deficit,
+                                           std::size_t& ceiling) {
   // Address space not backed: every unmapped page of every segment, less the pooled pages; at
   // least the deficit, as the pages to map are unmapped and the pool holds fewer than them.
   const std::size_t held = reserved_bytes();
   const std::size_t unbacked = reserved_va_ > held ? reserved_va_ - held : 0;
-  const std::size_t preferred = std::max(page_size_, std::min(handle_size(seg.large), unbacked));
-  const std::size_t sizes[] = {preferred, std::min(preferred, deficit * page_size_), page_size_};
+  const std::size_t needed = deficit * page_size_;
+  const std::size_t unit = handle_size(seg.large);
+  std::size_t cap = config_.release_threshold == SIZE_MAX ? SIZE_MAX : unit;
+  if (config_.max_handle_size != 0)
+    cap = std::max(unit, round_up(config_.max_handle_size, page_size_));
+  const std::size_t preferred =
+      std::max(page_size_, std::min({std::max(needed, unit), cap, unbacked}));
+  const std::size_t sizes[] = {preferred, std::min(preferred, needed), page_size_};
   std::size_t tried = 0;
   for (const std::size_t bytes : sizes) {
-    if (bytes == tried || exceeds_limit(bytes)) continue;
+    if (bytes == tried || bytes > ceiling || exceeds_limit(bytes)) continue;
     tried = bytes;
     PhysicalHandle handle;
     const Status status = device_.create_physical(bytes, &handle);
-    if (status == Status::out_of_memory) continue;
+    if (status == Status::out_of_memory) {
+      ceiling = bytes - page_size_;
+      continue;
+    }
     detail::check_device(device_, status, DeviceOp::create_physical);
     page_pool_.add_handle(handle, bytes / page_size_);
     reserved_.fetch_add(bytes, std::memory_order_relaxed);

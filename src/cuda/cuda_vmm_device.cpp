@@ -190,6 +190,42 @@ std::optional<std::string> refuse_map(const CudaVmmState& vmm, std::uintptr_t st
   return std::nullopt;
 }
 
+/// Read-write access for the device `s` drives.
+CUmemAccessDesc read_write(const CudaDeviceState& s) {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = s.ordinal();
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return access;
+}
+
+/// Why a run of `count` pieces from `start` must be refused before any is looked up, if it
+/// must: no piece, or a piece or the start not a positive multiple of the granularity, or a run
+/// that wraps the address space. Sets `total` to the run's size.
+std::optional<std::string> refuse_run(std::uintptr_t start, const MapPiece* pieces,
+                                      std::size_t count, std::size_t unit, std::size_t& total) {
+  total = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const MapPiece& piece = pieces[i];
+    if (piece.bytes == 0 || piece.bytes % unit != 0 || piece.offset % unit != 0 ||
+        piece.bytes > std::numeric_limits<std::uintptr_t>::max() - total) {
+      return fmt::format(
+          "map_run: piece {} ({}, offset {}) must be a positive multiple of the "
+          "granularity ({}) at an offset that is one",
+          i, piece.bytes, piece.offset, format_bytes(unit));
+    }
+    total += piece.bytes;
+  }
+  if (count == 0 || start % unit != 0 ||
+      start > std::numeric_limits<std::uintptr_t>::max() - total) {
+    return fmt::format(
+        "map_run({}, {} pieces): the address must be a multiple of the "
+        "granularity and the run non-empty and inside the address space",
+        hex(start), count);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 CudaVmmDevice::CudaVmmDevice(CudaDeviceOptions options)
@@ -378,10 +414,7 @@ Status CudaVmmDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
     if (mapped != CUDA_SUCCESS) {
       return driver_failure(s, vmm, mapped, DeviceOp::map, "cuMemMap", describe);
     }
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = s.ordinal();
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUmemAccessDesc access = read_write(s);
     const CUresult accessible = vmm.driver.mem_set_access(start, bytes, &access, 1);
     if (accessible != CUDA_SUCCESS) {
       (void)vmm.driver.mem_unmap(start, bytes);  // a failed map leaves nothing mapped
@@ -391,6 +424,69 @@ Status CudaVmmDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
       vmm.mappings.emplace(start, detail::CudaMapping{start + bytes, handle.handle});
     } catch (...) {
       (void)vmm.driver.mem_unmap(start, bytes);
+      throw;
+    }
+    return Status::ok;
+  });
+}
+
+// One cuMemMap per piece, then one cuMemSetAccess over the run, as PyTorch grows an expandable
+// segment. Any failure unmaps the pieces mapped so far: nothing of the run is left.
+Status CudaVmmDevice::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
+  CudaDeviceState& s = state();
+  CudaVmmState& vmm = *vmm_;
+  return s.call(DeviceOp::map, [&] {
+    const std::uintptr_t start = address_of(va);
+    std::size_t total = 0;
+    if (const auto refusal = refuse_run(start, pieces, count, vmm.granularity, total)) {
+      return s.invalid(DeviceOp::map, *refusal);
+    }
+    const std::lock_guard<std::mutex> lock(vmm.mutex);  // held across the driver calls
+    std::uintptr_t at = start;
+    for (std::size_t i = 0; i < count; at += pieces[i++].bytes) {
+      if (const auto refusal =
+              refuse_map(vmm, at, pieces[i].bytes, pieces[i].handle.handle, pieces[i].offset)) {
+        return s.invalid(DeviceOp::map, fmt::format("map_run piece {}: {}", i, *refusal));
+      }
+    }
+    const auto describe = [&] {
+      return fmt::format("map_run({}, {} in {} pieces)", hex(va), format_bytes(total), count);
+    };
+    const auto undo = [&](std::size_t mapped) {
+      std::uintptr_t back = start;
+      for (std::size_t j = 0; j < mapped; back += pieces[j++].bytes) {
+        (void)vmm.driver.mem_unmap(back, pieces[j].bytes);
+      }
+    };
+    const auto guard = s.guard(true);
+    if (guard.error() != cudaSuccess) return s.guard_failure(guard, DeviceOp::map);
+    at = start;
+    for (std::size_t i = 0; i < count; at += pieces[i++].bytes) {
+      const MapPiece& piece = pieces[i];
+      const CUresult mapped =
+          vmm.driver.mem_map(at, piece.bytes, piece.offset, piece.handle.handle, 0);
+      if (mapped != CUDA_SUCCESS) {
+        undo(i);
+        return driver_failure(s, vmm, mapped, DeviceOp::map, "cuMemMap", describe);
+      }
+    }
+    const CUmemAccessDesc access = read_write(s);
+    const CUresult accessible = vmm.driver.mem_set_access(start, total, &access, 1);
+    if (accessible != CUDA_SUCCESS) {
+      undo(count);
+      return driver_failure(s, vmm, accessible, DeviceOp::map, "cuMemSetAccess", describe);
+    }
+    std::size_t tracked = 0;
+    try {
+      at = start;
+      for (; tracked < count; at += pieces[tracked++].bytes) {
+        vmm.mappings.emplace(
+            at, detail::CudaMapping{at + pieces[tracked].bytes, pieces[tracked].handle.handle});
+      }
+    } catch (...) {
+      at = start;
+      for (std::size_t j = 0; j < tracked; at += pieces[j++].bytes) vmm.mappings.erase(at);
+      undo(count);
       throw;
     }
     return Status::ok;

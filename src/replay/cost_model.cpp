@@ -17,12 +17,16 @@ CostModel CostModel::defaults() {
   c.alloc_ns_per_mib = 1'000;
   c.free_ns_per_mib = 1'000;
   // Virtual memory, from the A100 measurements in docs/cost-model.md (2 MiB pages, one thread):
-  // cuMemCreate 193 us per 2 MiB handle (the high end of the published 7.6-193 us), cuMemMap
-  // 1.45 us + cuMemSetAccess 36 us per mapped range, cuMemUnmap 25.6 us. cuMemRelease has no
-  // public figure: assumed at the lower unmap sample, 11.5 us per 2 MiB.
+  // cuMemCreate 193 us per handle (the high end of the published 7.6-193 us), cuMemMap 1.45 us
+  // per mapping, cuMemSetAccess 36 us per run of mappings, cuMemUnmap 25.6 us. cuMemRelease has
+  // no public figure: assumed at the lower unmap sample, 11.5 us. Physical memory costs the same
+  // per MiB whichever call obtains it: 1 us per MiB, as for cudaMalloc and cudaFree (assumed).
   c.create_ns = kCreateNsHigh;
+  c.create_ns_per_mib = 1'000;
   c.release_ns = 11'500;
-  c.map_ns = 37'450;
+  c.release_ns_per_mib = 1'000;
+  c.map_ns = 1'450;
+  c.access_ns = 36'000;
   c.unmap_ns = 25'600;
   // cudaEventRecord / cudaEventQuery: 1.5-3.7 us on average in published nsys summaries.
   c.event_ns = 2'000;
@@ -40,12 +44,6 @@ double mib(std::size_t bytes) noexcept {
   return static_cast<double>(bytes) / static_cast<double>(MiB);
 }
 
-/// 2 MiB units of `bytes`, a partial one counting whole: the unit the handle prices are for.
-double pages(std::size_t bytes) noexcept {
-  const std::size_t whole = (bytes + 2 * MiB - 1) / (2 * MiB);
-  return static_cast<double>(whole);
-}
-
 }  // namespace
 
 double CostModel::alloc_size_ns(std::size_t bytes) const noexcept {
@@ -57,11 +55,11 @@ double CostModel::free_size_ns(std::size_t bytes) const noexcept {
 }
 
 double CostModel::create_size_ns(std::size_t bytes) const noexcept {
-  return create_ns * pages(bytes);
+  return create_ns_per_mib * mib(bytes);
 }
 
 double CostModel::release_size_ns(std::size_t bytes) const noexcept {
-  return release_ns * pages(bytes);
+  return release_ns_per_mib * mib(bytes);
 }
 
 }  // namespace cistern::replay

@@ -49,6 +49,9 @@ class TimedDevice final : public ForwardingDevice {
              std::size_t offset) noexcept override {
     return timed(times_.vmm_ms, [&] { return upstream().map(va, bytes, handle, offset); });
   }
+  Status map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept override {
+    return timed(times_.vmm_ms, [&] { return upstream().map_run(va, pieces, count); });
+  }
   Status unmap(void* va, std::size_t bytes) noexcept override {
     return timed(times_.vmm_ms, [&] { return upstream().unmap(va, bytes); });
   }

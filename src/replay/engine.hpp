@@ -60,26 +60,28 @@ struct CostModel {
   double alloc_ns_per_mib = 0;  ///< cudaMalloc cost per MiB
   double free_ns = 0;           ///< cudaFree fixed cost (it also synchronises the device)
   double free_ns_per_mib = 0;
-  double create_ns = 0;       ///< cuMemCreate, per 2 MiB of the physical handle
-  double release_ns = 0;      ///< cuMemRelease, per 2 MiB of the physical handle
-  double map_ns = 0;          ///< cuMemMap + cuMemSetAccess, per call (one handle's range)
+  double create_ns = 0;          ///< cuMemCreate fixed cost, per handle
+  double create_ns_per_mib = 0;  ///< cuMemCreate cost per MiB of the handle
+  double release_ns = 0;         ///< cuMemRelease fixed cost, per handle
+  double release_ns_per_mib = 0;
+  double map_ns = 0;          ///< cuMemMap, per call (one mapping)
+  double access_ns = 0;       ///< cuMemSetAccess, per call (one run of mappings)
   double unmap_ns = 0;        ///< cuMemUnmap, per call
   double event_ns = 0;        ///< event record / query / stream wait
   double sync_stream_ns = 0;  ///< cudaStreamSynchronize, the host's part (no work is modelled)
   double sync_event_ns = 0;   ///< cudaEventSynchronize, the host's part
   double sync_device_ns = 0;  ///< cudaDeviceSynchronize, the host's part
-  /// The published range of cuMemCreate per 2 MiB handle (docs/cost-model.md): the default
-  /// uses the high end; `--handle-create-us` chooses another figure.
+  /// The published range of cuMemCreate's fixed cost, measured on 2 MiB handles
+  /// (docs/cost-model.md): the default uses the high end; `--handle-create-us` chooses another.
   static constexpr double kCreateNsLow = 7'600;
   static constexpr double kCreateNsHigh = 193'000;
   /// The default, from published and measured figures.
   static CostModel defaults();
 
   /// The size-dependent parts of successful calls on `bytes` (every call also costs its fixed
-  /// part; a failed call costs its fixed part, or one granule's price, once): per MiB for
-  /// cudaMalloc and cudaFree, per 2 MiB for creating and releasing physical memory, a partial
-  /// 2 MiB costing a whole one. Every pricing of device calls (a policy's, the recording
-  /// allocator's, a real device's simulated figure) goes through these.
+  /// part; a failed call costs its fixed part once): per MiB, for segments and physical handles
+  /// alike. Every pricing of device calls (a policy's, the recording allocator's, a real
+  /// device's simulated figure) goes through these.
   double alloc_size_ns(std::size_t bytes) const noexcept;
   double free_size_ns(std::size_t bytes) const noexcept;
   double create_size_ns(std::size_t bytes) const noexcept;
@@ -121,6 +123,18 @@ struct PassResult {
   std::uint64_t unmaps = 0;
 };
 
+/// The device calls of a replay on a device of exactly the policy's min_capacity: what running
+/// that close to the limit costs (reclaim's unmaps and synchronisations, release-and-retry).
+struct AtCapacity {
+  std::uint64_t device_allocs = 0;
+  std::uint64_t device_frees = 0;
+  std::uint64_t maps = 0;
+  std::uint64_t unmaps = 0;
+  std::uint64_t handle_creates = 0;
+  std::uint64_t syncs = 0;
+  double device_ms = 0;
+};
+
 /// The measurements of one replay (a row of `cistern replay --json`).
 struct Result {
   std::string trace;  ///< source path
@@ -132,6 +146,7 @@ struct Result {
   std::optional<std::uint64_t> peak_reserved;
   std::optional<double> overhead;  ///< peak_reserved / peak_live - 1
   std::optional<std::uint64_t> min_capacity;
+  std::optional<AtCapacity> at_min_capacity;  ///< with min_capacity
   std::uint64_t events = 0;
   std::uint64_t ooms = 0;
   // Device calls the policy's allocator made (successful ones), a cold start's allocation of the

@@ -37,6 +37,9 @@ Status ForwardingDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
                              std::size_t offset) noexcept {
   return upstream_.map(va, bytes, handle, offset);
 }
+Status ForwardingDevice::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
+  return upstream_.map_run(va, pieces, count);
+}
 Status ForwardingDevice::unmap(void* va, std::size_t bytes) noexcept {
   return upstream_.unmap(va, bytes);
 }

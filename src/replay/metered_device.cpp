@@ -41,7 +41,7 @@ Status MeteredDevice::deallocate(void* ptr) noexcept {
   return status;
 }
 
-// --- virtual memory: handles priced by their size, maps and unmaps per call ---------------------------
+// --- virtual memory: handles priced per call and by size, maps and unmaps per call ---------------------------
 // Reserving and releasing address space are counted, not priced (docs/cost-model.md).
 
 Status MeteredDevice::reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept {
@@ -58,31 +58,25 @@ Status MeteredDevice::release_reservation(void* va, std::size_t bytes) noexcept 
 
 Status MeteredDevice::create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept {
   const Status status = upstream().create_physical(bytes, handle);
-  if (status != Status::ok) {
-    calls_.ns += costs_.create_ns;
-    return status;
-  }
+  calls_.ns += costs_.create_ns;
+  if (status != Status::ok) return status;
   ++calls_.creates;
   calls_.ns += costs_.create_size_ns(bytes);
   try {
     handle_bytes_[handle->handle] = bytes;
   } catch (...) {
-    // Out of host memory: the release will be priced as one 2 MiB page.
+    // Out of host memory: the release will be priced at its fixed cost only.
   }
   return status;
 }
 
 Status MeteredDevice::release_physical(PhysicalHandle handle) noexcept {
   const Status status = upstream().release_physical(handle);
-  if (status != Status::ok) {
-    calls_.ns += costs_.release_ns;
-    return status;
-  }
+  calls_.ns += costs_.release_ns;
+  if (status != Status::ok) return status;
   ++calls_.releases;
   const auto it = handle_bytes_.find(handle.handle);
-  if (it == handle_bytes_.end()) {
-    calls_.ns += costs_.release_ns;
-  } else {
+  if (it != handle_bytes_.end()) {
     calls_.ns += costs_.release_size_ns(it->second);
     handle_bytes_.erase(it);
   }
@@ -92,8 +86,17 @@ Status MeteredDevice::release_physical(PhysicalHandle handle) noexcept {
 Status MeteredDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
                           std::size_t offset) noexcept {
   const Status status = upstream().map(va, bytes, handle, offset);
-  calls_.ns += costs_.map_ns;
+  calls_.ns += costs_.map_ns + costs_.access_ns;
   if (status == Status::ok) ++calls_.maps;
+  return status;
+}
+
+// One cuMemMap per piece and one cuMemSetAccess over the run; a failure costs the calls a real
+// driver would have made before it stopped at most, priced as the whole run.
+Status MeteredDevice::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
+  const Status status = upstream().map_run(va, pieces, count);
+  calls_.ns += costs_.map_ns * static_cast<double>(count) + costs_.access_ns;
+  if (status == Status::ok) calls_.maps += count;
   return status;
 }
 

@@ -55,6 +55,7 @@ class MeteredDevice final : public ForwardingDevice {
   Status release_physical(PhysicalHandle handle) noexcept override;
   Status map(void* va, std::size_t bytes, PhysicalHandle handle,
              std::size_t offset) noexcept override;
+  Status map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept override;
   Status unmap(void* va, std::size_t bytes) noexcept override;
   Status create_event(Event* event) noexcept override;
   Status destroy_event(Event event) noexcept override;

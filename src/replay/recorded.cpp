@@ -40,9 +40,20 @@ std::vector<std::uint64_t> recorded_reserved(const trace::Trace& trace) {
   return after;
 }
 
+/// The physical handles PyTorch creates for a segment_map or segment_unmap of `bytes`: 20 MiB
+/// pages in the large pool, 2 MiB in the small one (a range that is not a multiple of 20 MiB
+/// can only be the small pool's).
+double pytorch_handles(std::size_t bytes) noexcept {
+  constexpr std::size_t kLarge = 20 * MiB;
+  constexpr std::size_t kSmall = 2 * MiB;
+  const std::size_t n = bytes % kLarge == 0 ? bytes / kLarge : (bytes + kSmall - 1) / kSmall;
+  return static_cast<double>(std::max<std::size_t>(n, 1));
+}
+
 /// Counts and prices the recorded segment events as the engine prices a policy's device calls.
-/// An expandable segment's segment_map is priced as the creation of its bytes of physical
-/// memory and one map of the range; its segment_unmap as one unmap and the release of the bytes.
+/// An expandable segment's segment_map is priced as PyTorch makes it: per handle a creation and
+/// a cuMemMap, one cuMemSetAccess over the range; its segment_unmap as per handle an unmap and a
+/// release.
 void count_device_calls(const trace::Trace& trace, const CostModel& costs, Result& r) {
   double ns = 0;
   for (const trace::RecordedSegmentEvent& s : trace.recorded.segment_events) {
@@ -57,11 +68,13 @@ void count_device_calls(const trace::Trace& trace, const CostModel& costs, Resul
         break;
       case Kind::map:
         ++r.device_maps;
-        ns += costs.map_ns + costs.create_size_ns(s.size);
+        ns += pytorch_handles(s.size) * (costs.create_ns + costs.map_ns) + costs.access_ns +
+              costs.create_size_ns(s.size);
         break;
       case Kind::unmap:
         ++r.device_unmaps;
-        ns += costs.unmap_ns + costs.release_size_ns(s.size);
+        ns += pytorch_handles(s.size) * (costs.unmap_ns + costs.release_ns) +
+              costs.release_size_ns(s.size);
         break;
     }
   }

@@ -58,6 +58,14 @@ void add_min_capacity(Result& r, const trace::Trace& trace, const detail::Plan& 
     const CapacitySearch search = detail::search_plan(trace, plan, policy, options);
     r.min_capacity = search.capacity;
     if (!search.note.empty()) r.note += (r.note.empty() ? "" : "; ") + search.note;
+    Options at_limit = options;
+    at_limit.capacity = search.capacity;
+    at_limit.timeline_points = 0;
+    at_limit.segment_map_at_peak = false;
+    const Result m = detail::run_plan(trace, plan, policy, at_limit);
+    r.at_min_capacity =
+        AtCapacity{m.device_allocs,  m.device_frees, m.device_maps,          m.device_unmaps,
+                   m.handle_creates, m.syncs,        m.device_ms.value_or(0)};
   } catch (const std::exception& e) {
     r.error = std::string("min_capacity: ") + e.what();
   }
