@@ -134,6 +134,24 @@ TEST_F(Engine, OutOfMemoryEmptiesTheCacheAndAnImpossibleRequestReservesNothing) 
   alloc->deallocate(keep, default_stream);
 }
 
+// The error's "largest free block" counts what a request could use without new pages: the
+// free rest of the segment is 13 MiB of address space, of which 1 MiB lies on a mapped page.
+TEST_F(Engine, TheLargestFreeBlockOfAnOutOfMemoryErrorCountsMappedBytesOnly) {
+  engine("", 8 * MiB);
+  void* x = alloc->allocate(3 * MiB, default_stream);  // [0, 3) MiB of a 20 MiB segment
+  void* y = alloc->allocate(4 * MiB, default_stream);  // [3, 7): pages 0-3 mapped, all 8 MiB
+  try {
+    alloc->allocate(6 * MiB, default_stream);
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.info().largest_free, 1 * MiB);
+    EXPECT_EQ(e.info().reserved, 8 * MiB);
+  }
+  alloc->check();
+  alloc->deallocate(x, default_stream);
+  alloc->deallocate(y, default_stream);
+}
+
 TEST_F(Engine, PendingFreesAreWaitedForBeforeGivingUp) {
   engine("", 4 * MiB);
   const Stream s1 = device->create_stream();

@@ -321,9 +321,36 @@ void StreamPool::adopt_segment(Segment* segment) {
   publish_stats();
 }
 
+namespace {
+
+/// The longest stretch of a free block that lies on mapped pages: what a request could have of
+/// it without new physical memory (the whole block, in a classic segment).
+std::size_t backed_stretch(const Block* b) {
+  const Segment& seg = *b->segment;
+  if (seg.unmapped_pages == 0) return b->size;
+  const std::uintptr_t end = b->addr + b->size;
+  std::size_t longest = 0;
+  std::uintptr_t run = 0;  // start of the current mapped stretch, 0: none
+  for (std::uintptr_t at = b->addr; at < end;) {
+    const std::size_t page = (at - seg.base) / seg.page_size;
+    const std::uintptr_t next =
+        std::min<std::uintptr_t>(end, seg.base + (page + 1) * seg.page_size);
+    if (seg.pages[page] == Segment::kNoPage) {
+      run = 0;
+    } else {
+      if (run == 0) run = at;
+      longest = std::max<std::size_t>(longest, next - run);
+    }
+    at = next;
+  }
+  return longest;
+}
+
+}  // namespace
+
 std::size_t StreamPool::largest_free(bool small) const noexcept {
   std::size_t largest = 0;
-  index(small).for_each([&](const Block* b) { largest = std::max(largest, b->size); });
+  index(small).for_each([&](const Block* b) { largest = std::max(largest, backed_stretch(b)); });
   return largest;
 }
 

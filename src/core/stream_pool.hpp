@@ -267,7 +267,8 @@ class StreamPool {
   std::int64_t allocated_bytes_relaxed() const noexcept {
     return allocated_mirror_.load(std::memory_order_relaxed);
   }
-  /// The largest cached free block of a kind (0 if none).
+  /// The largest cached free block of a kind (0 if none); with the engine, the longest stretch
+  /// of one that lies on mapped pages (address space alone serves nothing).
   std::size_t largest_free(bool small) const noexcept;
 
  private:

@@ -122,14 +122,14 @@ bool CachingAllocator::Impl::map_range(StreamPool& pool, Segment& seg, std::uint
       ++i;
       continue;
     }
-    std::size_t end = i;
-    while (end < last && seg.pages[end] == Segment::kNoPage) ++end;
-    if (!map_run_of(pool, seg, i, end, pieces)) {
+    std::size_t run_end = i;
+    while (run_end < last && seg.pages[run_end] == Segment::kNoPage) ++run_end;
+    if (!map_run_of(pool, seg, i, run_end, pieces)) {
       unmap_mapped_now(pool, seg, mapped);
       return false;
     }
-    for (std::size_t k = i; k < end; ++k) mapped.push_back(k);
-    i = end;
+    for (std::size_t k = i; k < run_end; ++k) mapped.push_back(k);
+    i = run_end;
   }
   return true;
 }
@@ -205,6 +205,12 @@ bool CachingAllocator::Impl::create_handle(const Segment& seg, std::size_t defic
     cap = std::max(unit, round_up(config_.max_handle_size, page_size_));
   const std::size_t preferred =
       std::max(page_size_, std::min({std::max(needed, unit), cap, unbacked}));
+  // Ask the device what it has free first (cudaMemGetInfo): a creation the device refuses costs
+  // as much as one it grants, and near the limit most would be refused.
+  MemoryInfo info;
+  if (device_.memory_info(&info) == Status::ok) {
+    ceiling = std::min(ceiling, info.free / page_size_ * page_size_);
+  }
   const std::size_t sizes[] = {preferred, std::min(preferred, needed), page_size_};
   std::size_t tried = 0;
   for (const std::size_t bytes : sizes) {

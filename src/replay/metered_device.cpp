@@ -12,6 +12,13 @@ void MeteredDevice::note_segment(std::uintptr_t address, std::size_t bytes) {
   segment_bytes_[address] = bytes;
 }
 
+// cudaMemGetInfo: a driver query, priced as an event query (not counted as a call that changes
+// anything).
+Status MeteredDevice::memory_info(MemoryInfo* info) noexcept {
+  calls_.ns += costs_.event_ns;
+  return upstream().memory_info(info);
+}
+
 // --- segments -----------------------------------------------------------------------------------------
 
 Status MeteredDevice::allocate(std::size_t bytes, void** ptr) noexcept {

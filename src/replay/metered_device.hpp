@@ -47,6 +47,7 @@ class MeteredDevice final : public ForwardingDevice {
   /// recorded cache), so that its later free is priced by its size.
   void note_segment(std::uintptr_t address, std::size_t bytes);
 
+  Status memory_info(MemoryInfo* info) noexcept override;
   Status allocate(std::size_t bytes, void** ptr) noexcept override;
   Status deallocate(void* ptr) noexcept override;
   Status reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept override;
