@@ -57,7 +57,7 @@ echo "results.sh: --repeat 3" >&2
 "$cistern" replay --quiet --policy cistern,torch --repeat 3 --json "$out/repeat.json" \
   "${real_traces[@]}"
 # cistern on a device of exactly torch's min_capacity, trace by trace.
-rm -f "$out"/at-torch-min-*.json
+rm -f "$out"/at-torch-min-*.json "$out"/at-torch-min-low-*.json
 python3 - "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" >"$out/torch-min.txt" <<'PY'
 import json, sys
 for path in sys.argv[1:]:
@@ -70,6 +70,8 @@ while read -r capacity trace; do
   n=$((n + 1))
   "$cistern" replay --quiet --policy cistern --capacity "$capacity" \
     --json "$out/at-torch-min-$n.json" "$trace"
+  "$cistern" replay --quiet --policy cistern --capacity "$capacity" --handle-create-us 7.6 \
+    --json "$out/at-torch-min-low-$n.json" "$trace"
 done <"$out/torch-min.txt"
 
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -83,7 +85,8 @@ python3 scripts/results_md.py --commit "$commit" --machine "$machine" \
   --version "$("$cistern" --version)" --example report-example.html \
   --example-trace "$example" \
   --low-create "$out/low-create.json" --repeat "$out/repeat.json" \
-  --at-torch-min "$out"/at-torch-min-*.json -- \
+  --at-torch-min "$out"/at-torch-min-[0-9]*.json \
+  --at-torch-min-low "$out"/at-torch-min-low-*.json -- \
   "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" "$out/minimalloc.json" \
   >docs/results.md
 # Which PYTORCH_CUDA_ALLOC_CONF needs the least memory on each snapshot (a section of its own).
