@@ -9,6 +9,7 @@
 // --smoke: one small instance of each kind and a 0.2 s limit (CTest runs it).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -101,7 +102,10 @@ nlohmann::json row(const std::string& name, const Timed& timed,
       {"peak_live", p.peak_live},         {"capacity", nullptr},  {"seconds", p.seconds},
       {"greedy_arena", p.greedy_arena},   {"optimal", p.optimal}, {"buffers", buffers},
       {"search_nodes", p.nodes}};
-  if (capacity) r["capacity"] = *capacity;
+  if (capacity) {
+    r["capacity"] = *capacity;
+    r["solved"] = p.arena <= *capacity;  // met the capacity: solved exactly, as MiniMalloc
+  }
   const double cap = capacity ? static_cast<double>(*capacity) : 0;
   std::cout << fmt::format(
       "{:<28} {:>8} {:>14} {:>14} {:>14} {:>8.4f} {:>8} {:>8.2f} {:>8.2f} {:>4}\n", name, buffers,
@@ -120,6 +124,33 @@ nlohmann::json plan_file(const std::string& path, const std::string& name, doubl
   cistern::plan::Options options;
   options.time_limit_s = limit;
   return row(name, timed_plan(tb.buffers, options), capacity, tb.buffers.size());
+}
+
+/// MiniMalloc's set in one line and one object: how many instances met their capacity, and the
+/// arena / capacity of the others, with greedy by size's beside.
+nlohmann::json minimalloc_summary(const nlohmann::json& results) {
+  std::size_t instances = 0;
+  std::size_t solved = 0;
+  double worst = 0;
+  double greedy_best = 1e300;
+  double greedy_worst = 0;
+  for (const nlohmann::json& r : results) {
+    if (r["capacity"].is_null()) continue;
+    const double cap = r["capacity"].get<double>();
+    ++instances;
+    solved += r["solved"].get<bool>() ? 1 : 0;
+    if (!r["solved"].get<bool>()) worst = std::max(worst, r["arena"].get<double>() / cap);
+    greedy_best = std::min(greedy_best, r["greedy_arena"].get<double>() / cap);
+    greedy_worst = std::max(greedy_worst, r["greedy_arena"].get<double>() / cap);
+  }
+  std::cout << fmt::format(
+      "minimalloc: {} of {} solved at their capacity; the rest at most {:.4f} x it (greedy by "
+      "size: {:.4f}-{:.4f} x)\n",
+      solved, instances, worst, greedy_best, greedy_worst);
+  return {{"instances", instances},
+          {"solved", solved},
+          {"worst_unsolved_ratio",
+           instances == solved ? nlohmann::json(nullptr) : nlohmann::json(worst)}};
 }
 
 }  // namespace
@@ -149,8 +180,13 @@ int main(int argc, char** argv) {
   options.time_limit_s = args.time_limit_s;
   const std::string name = fmt::format("synthetic/{}", buffers.size());
   results.push_back(row(name, timed_plan(buffers, options), std::nullopt, buffers.size()));
+  const nlohmann::json summary = minimalloc_summary(results);
   std::ofstream out(args.out);
-  out << nlohmann::json{{"time_limit_s", args.time_limit_s}, {"results", results}}.dump(2) << "\n";
+  out << nlohmann::json{{"time_limit_s", args.time_limit_s},
+                        {"minimalloc", summary},
+                        {"results", results}}
+             .dump(2)
+      << "\n";
   if (!out) {
     std::cerr << "bench_plan: cannot write " << args.out << "\n";
     return 1;

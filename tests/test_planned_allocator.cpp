@@ -86,6 +86,7 @@ class Runner {
         alloc_.deallocate(live.at(op.k).first, streams_.at(op.k));
         live.erase(op.k);
       }
+      alloc_.check();
     }
     ASSERT_TRUE(live.empty()) << "a step of this test frees everything it allocates";
     alloc_.end_step();
@@ -238,6 +239,31 @@ TEST(PlannedAllocator, RepeatedMismatchesLeadToANewPlan) {
   EXPECT_EQ(device_calls(device), calls);
 }
 
+TEST(PlannedAllocator, AnAllocationThatOutlivesItsStepIsNoMismatch) {
+  // Each step keeps one allocation past its end (a loss, a metric) and frees the previous
+  // step's at its start: recorded as living on, it goes to the fallback in every step, which is
+  // what the plan expects - no mismatch, no replanning.
+  SimDevice device;
+  PlannedAllocator alloc(device, quick());
+  void* kept = nullptr;
+  for (int step = 0; step < 5; ++step) {
+    if (kept != nullptr) alloc.deallocate(kept, Stream{});
+    void* a = alloc.allocate(3 * MiB, Stream{});
+    kept = alloc.allocate(4096, Stream{});
+    alloc.deallocate(a, Stream{});
+    alloc.check();
+    alloc.end_step();
+    alloc.check();
+  }
+  const auto c = alloc.counters();
+  EXPECT_EQ(c.plans, 1u);
+  EXPECT_EQ(c.hits, 4u);
+  EXPECT_EQ(c.fallbacks, 4u);
+  EXPECT_EQ(c.idle_fits, 0u);
+  alloc.deallocate(kept, Stream{});
+  alloc.check();
+}
+
 TEST(PlannedAllocator, ForeignPointersAreRefused) {
   SimDevice device;
   PlannedAllocator alloc(device, quick());
@@ -274,6 +300,81 @@ TEST(PlannedPolicy, PlansALifetimeListAheadAndServesItFromTheArena) {
   EXPECT_EQ(r.device_allocs, 0u) << "no segment: the arena is mapped once";
   EXPECT_EQ(r.device_maps, 1u);
   EXPECT_EQ(r.ooms, 0u);
+}
+
+/// A snapshot-like trace in cistern's format: two blocks live before the window (one freed in it,
+/// one never), a second stream, 12 MiB live at the peak.
+const char* const kTwoStreamStep =
+    "# cistern-trace v1\n"
+    "format pytorch\n"
+    "stream 0x0\n"
+    "stream 0x7\n"
+    "live 0 4194304 0 0x100000000\n"
+    "live 1 2097152 0 0x100400000\n"
+    "a 2 6291456 0\n"
+    "f 1 0\n"
+    "a 3 2097152 1\n"
+    "f 2 0\n"
+    "a 4 4194304 1\n"
+    "f 3 1\n"
+    "f 4 1\n";
+
+cistern::replay::Result replay_planned(const std::string& text, std::size_t repeat) {
+  const cistern::trace::Trace trace = cistern::trace::read_trace_bytes(text, "step.trace");
+  cistern::replay::Options options;
+  options.repeat = repeat;
+  options.check_invariants = true;  // plan mode's check() after every event
+  return cistern::replay::run(trace, cistern::replay::Policy::parse("planned"), options);
+}
+
+TEST(PlannedPolicy, LearnsTheFirstPassOfASnapshotAndServesTheOthersFromThePlan) {
+  const cistern::replay::Result r = replay_planned(kTwoStreamStep, 3);
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.peak_live, 12 * MiB);
+  EXPECT_EQ(r.ooms, 0u);
+  ASSERT_EQ(r.passes.size(), 3u);
+  // Pass 1: the online allocator, recorded (the two live blocks and three allocations).
+  EXPECT_TRUE(r.passes[0].planned);
+  EXPECT_EQ(r.passes[0].recorded, 5u);
+  EXPECT_EQ(r.passes[0].plan_hits, 0u);
+  for (std::size_t i = 1; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    const cistern::replay::PassResult& p = r.passes[i];
+    // Every allocation, the blocks live before the window among them, at its planned offset.
+    EXPECT_EQ(p.recorded, 0u);
+    EXPECT_EQ(p.plan_hits, 5u);
+    EXPECT_EQ(p.idle_fits + p.fallbacks, 0u);
+    // The plan reaches the peak live: one 12 MiB arena of pages, mapped at the end of pass 1.
+    EXPECT_EQ(p.peak_reserved, 12 * MiB);
+    EXPECT_EQ(p.device_allocs + p.device_frees + p.maps + p.unmaps, 0u);
+  }
+}
+
+TEST(PlannedPolicy, OneStreamPassesAfterTheFirstMakeNoDeviceCallAtAll) {
+  // The step above on one stream: no cross-stream reuse to order, so no event either.
+  std::string text = kTwoStreamStep;
+  for (const char* from : {"a 3 2097152 1", "a 4 4194304 1", "f 3 1", "f 4 1"}) {
+    std::string to = from;
+    to.back() = '0';
+    text.replace(text.find(from), to.size(), to);
+  }
+  const cistern::replay::Result r = replay_planned(text, 3);
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.passes.size(), 3u);
+  EXPECT_GT(r.passes[0].device_calls, 0u);
+  for (std::size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(r.passes[i].device_calls, 0u) << "pass " << i + 1;
+    EXPECT_EQ(r.passes[i].plan_hits, 5u) << "pass " << i + 1;
+    EXPECT_EQ(r.passes[i].peak_reserved, 12 * MiB) << "pass " << i + 1;
+  }
+}
+
+TEST(PlannedPolicy, ASinglePassIsServedOnline) {
+  const cistern::replay::Result r = replay_planned(kTwoStreamStep, 1);
+  ASSERT_EQ(r.error, "");
+  EXPECT_TRUE(r.passes.empty());
+  EXPECT_EQ(r.ooms, 0u);
+  EXPECT_GE(r.peak_reserved.value_or(0), 12 * MiB);
 }
 
 TEST(PlannedPolicy, PlanAheadServesEveryAllocationOfTheListFromThePlan) {

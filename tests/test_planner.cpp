@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -277,6 +278,51 @@ TEST_P(SharedLists, BuffersKeepThePeakLiveAndThePlanIsValid) {
   const Placement p = cistern::plan::plan(tb.buffers, Options{60, 200});
   expect_valid(tb.buffers, p);
   EXPECT_EQ(p.peak_live, figures.peak_live);
+}
+
+/// A SOMAS list of the shared traces as buffers (empty when the traces are not there).
+std::vector<Buffer> somas_list(const std::string& name) {
+  const std::string root = cistern::testing::shared_dir();
+  if (!cistern::testing::traces_available(root)) return {};
+  return cistern::plan::buffers_of(cistern::trace::read_trace(root + "/traces/somas/" + name))
+      .buffers;
+}
+
+TEST(SomasLists, TheImprovingSearchReachesTinyBertsLowerBound) {
+  // The planner's second strategy, alone: on tiny_bert the search at a capacity finds nothing at
+  // the peak live in its share of the budget, this one places every buffer at it.
+  const std::vector<Buffer> buffers = somas_list("tiny_bert.csv");
+  if (buffers.empty()) GTEST_SKIP() << "no shared traces at " << cistern::testing::shared_dir();
+  const cistern::plan::detail::Problem problem = cistern::plan::detail::normalise(buffers, 1);
+  const std::uint64_t lower = cistern::plan::detail::peak_live(problem);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  Placement p;
+  const cistern::plan::detail::SearchOutcome outcome = cistern::plan::detail::improve(
+      problem, lower + 1, lower, {{deadline, 2500}, true},
+      [&](const std::vector<std::uint64_t>& offsets, std::uint64_t arena) {
+        p.offsets = offsets;
+        p.arena = arena;
+      });
+  EXPECT_LE(outcome.nodes, 2500u);
+  ASSERT_EQ(p.arena, lower) << "no placement at the peak live within 2500 nodes";
+  p.peak_live = lower;
+  p.greedy_arena =
+      cistern::plan::detail::arena_of(problem, cistern::plan::detail::greedy_by_size(problem));
+  expect_valid(buffers, p);
+}
+
+TEST(SomasLists, EveryListWithinTheTargetOfIssue10) {
+  // At most 1.005 x peak_live on every SOMAS list, with a node limit (the same everywhere).
+  // About 30 s: CISTERN_TEST_FULL=1 only (ctest -L long).
+  if (std::getenv("CISTERN_TEST_FULL") == nullptr) GTEST_SKIP() << "CISTERN_TEST_FULL=1 runs it";
+  for (const char* name : {"resnet50.csv", "tiny_bert.csv", "bert_base.csv"}) {
+    SCOPED_TRACE(name);
+    const std::vector<Buffer> buffers = somas_list(name);
+    if (buffers.empty()) GTEST_SKIP() << "no shared traces at " << cistern::testing::shared_dir();
+    const Placement p = cistern::plan::plan(buffers, Options{600, 12000});
+    expect_valid(buffers, p);
+    EXPECT_LE(static_cast<double>(p.arena), 1.005 * static_cast<double>(p.peak_live));
+  }
 }
 
 std::vector<cistern::testing::ReferenceFigures> lifetime_lists() {

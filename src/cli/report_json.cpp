@@ -63,6 +63,13 @@ nlohmann::ordered_json result_json(const replay::Result& r) {
       pass["device_frees"] = p.device_frees;
       pass["maps"] = p.maps;
       pass["unmaps"] = p.unmaps;
+      pass["device_calls"] = p.device_calls;
+      if (p.planned) {
+        pass["recorded"] = p.recorded;
+        pass["plan_hits"] = p.plan_hits;
+        pass["idle_fits"] = p.idle_fits;
+        pass["fallbacks"] = p.fallbacks;
+      }
       passes.push_back(std::move(pass));
     }
     j["passes"] = std::move(passes);

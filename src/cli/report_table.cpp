@@ -29,6 +29,39 @@ std::string format_device_calls(const replay::Result& r) {
   return text;
 }
 
+/// With several passes: each pass's peak reserved and device calls of every kind.
+std::string format_pass_peaks(const replay::Result& r) {
+  std::string peaks;
+  std::string calls;
+  for (const replay::PassResult& p : r.passes) {
+    peaks += fmt::format("{}{}", peaks.empty() ? "" : ", ", format_bytes(p.peak_reserved));
+    calls += fmt::format("{}{}", calls.empty() ? "" : ", ", p.device_calls);
+  }
+  return fmt::format("{}{:<{}} per pass: peak reserved {}; device calls of any kind {}\n", kIndent,
+                     "", kPolicyWidth, peaks, calls);
+}
+
+/// The planned policy learning passes: how each pass's allocations were served.
+std::string format_plan_use(const replay::Result& r) {
+  std::string passes;
+  for (std::size_t i = 0; i < r.passes.size(); ++i) {
+    const replay::PassResult& p = r.passes[i];
+    if (!p.planned) return "";
+    const std::uint64_t served = p.recorded + p.plan_hits + p.idle_fits + p.fallbacks;
+    passes += fmt::format("{}pass {}: ", i == 0 ? "" : "; ", i + 1);
+    passes += p.recorded != 0 ? fmt::format("{} recorded", p.recorded) : "";
+    if (p.plan_hits + p.idle_fits + p.fallbacks != 0 || p.recorded == 0) {
+      passes += fmt::format(
+          "{}{} hits ({}), {} idle fits, {} fallbacks", p.recorded != 0 ? ", " : "", p.plan_hits,
+          format_percent(served == 0
+                             ? std::optional<double>()
+                             : static_cast<double>(p.plan_hits) / static_cast<double>(served)),
+          p.idle_fits, p.fallbacks);
+    }
+  }
+  return fmt::format("{}{:<{}} plan: {}\n", kIndent, "", kPolicyWidth, passes);
+}
+
 /// With several passes: the device calls of the first pass and of the later ones together.
 std::string format_passes(const replay::Result& r) {
   if (r.passes.empty()) return "";
@@ -43,10 +76,12 @@ std::string format_passes(const replay::Result& r) {
   const std::string others =
       r.passes.size() == 2 ? std::string("pass 2") : fmt::format("passes 2-{}", r.passes.size());
   return fmt::format(
-      "{}{:<{}} pass 1: {} / {} +{}m/{}u; {}: {} / {} +{}m/{}u (allocs / frees, maps / "
-      "unmaps)\n",
-      kIndent, "", kPolicyWidth, first.device_allocs, first.device_frees, first.maps, first.unmaps,
-      others, later.device_allocs, later.device_frees, later.maps, later.unmaps);
+             "{}{:<{}} pass 1: {} / {} +{}m/{}u; {}: {} / {} +{}m/{}u (allocs / frees, maps / "
+             "unmaps)\n",
+             kIndent, "", kPolicyWidth, first.device_allocs, first.device_frees, first.maps,
+             first.unmaps, others, later.device_allocs, later.device_frees, later.maps,
+             later.unmaps) +
+         format_pass_peaks(r) + format_plan_use(r);
 }
 
 std::string format_ns(const std::optional<double>& ns) {

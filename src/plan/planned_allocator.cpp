@@ -112,11 +112,18 @@ void* PlannedAllocator::allocate_planned(std::size_t bytes, Stream stream) {
   const std::uint64_t size = aligned(bytes, kAlignment);
   if (index < plan_.size() && arena_) {
     const Request& r = plan_[index];
-    if (r.planned && r.size == bytes && (r.any_stream || r.stream == stream) &&
-        range_free(r.offset, r.offset + size)) {
+    const bool same = r.size == bytes && (r.any_stream || r.stream == stream);
+    if (same && r.planned && range_free(r.offset, r.offset + size)) {
       ++counters_.hits;
       ++position_;
       return occupy(r.offset, r.offset + size, stream);
+    }
+    if (same && !r.planned) {
+      // Recorded as living past the step's end: the fallback serves it, as it did then.
+      void* ptr = fallback_.allocate(bytes, stream);
+      ++counters_.fallbacks;
+      ++position_;
+      return ptr;
     }
   }
   step_mismatched_ = true;
@@ -291,6 +298,9 @@ void PlannedAllocator::finish_recording() {
   last_users_.clear();
   arena_streams_.clear();
   arena_.reset();
+  // The recorded step's memory cached by the fallback is what the arena replaces: return it
+  // first, so that the two are never held together.
+  fallback_.empty_cache();
   if (placement.arena > 0) {
     try {
       arena_ = std::make_unique<Arena>(device_, placement.arena);

@@ -12,7 +12,9 @@
 // The first step is served by an online CachingAllocator (the fallback) and recorded: each
 // allocation's size and stream by its index in the step, and when it was freed. At its end the
 // buffers allocated and freed within the step are planned into one arena, obtained from the
-// device once (mapped pages where the device has virtual memory, else one segment). Later
+// device once (mapped pages where the device has virtual memory, else one segment), after the
+// fallback has returned the memory it cached for the recorded step. Allocations that outlived the
+// recorded step stay with the fallback, and their counterparts in later steps go to it too. Later
 // steps match each request - its index in the step, size and stream - to its planned offset, and
 // so make no device calls. A request that does not match (another size or stream, one more
 // request than recorded, or a planned range still occupied because an earlier request deviated)

@@ -18,9 +18,12 @@
 // section's floor plus the sizes still to be placed there exceeds the capacity (see search.cpp).
 // The arena is minimised by asking for the lower bound (peak live) first, then for capacities
 // growing from it, then bisecting between the highest capacity not met and the best arena found;
-// a search that exhausts its tree proves that capacity out of reach. The search visits placements
-// in a fixed order, so that for a given input and node limit the result is the same on every
-// machine; a time limit only decides where that fixed walk stops.
+// a search that exhausts its tree proves that capacity out of reach. A second strategy gets the
+// other half of the budget and starts from what the first reached: a search that places one
+// buffer per node, always among those that can go lowest, pruned by the skyline's lower bound
+// (improve.cpp); it proves nothing but reaches the peak live on lists where the first does not. The
+// search visits placements in a fixed order, so that for a given input and node limit the result is
+// the same on every machine; a time limit only decides where that fixed walk stops.
 #pragma once
 
 #include <cstdint>

@@ -69,20 +69,26 @@ Problem normalise(const std::vector<Buffer>& buffers, std::uint64_t alignment) {
   return problem;
 }
 
-std::uint64_t peak_live(const Problem& problem) {
+std::vector<std::int64_t> section_sums(const Problem& problem) {
   // Difference array over sections: +size where an item starts, -size where it ends.
   std::vector<std::int64_t> delta(std::size_t{problem.sections} + 1, 0);
   for (const Item& item : problem.items) {
     delta[item.first] += static_cast<std::int64_t>(item.size);
     delta[item.last] -= static_cast<std::int64_t>(item.size);
   }
+  std::vector<std::int64_t> sums(problem.sections, 0);
   std::int64_t live = 0;
-  std::int64_t peak = 0;
-  for (const std::int64_t d : delta) {
-    live += d;
-    peak = std::max(peak, live);
+  for (std::uint32_t s = 0; s < problem.sections; ++s) {
+    live += delta[s];
+    sums[s] = live;
   }
-  return static_cast<std::uint64_t>(peak);
+  return sums;
+}
+
+std::uint64_t peak_live(const Problem& problem) {
+  const std::vector<std::int64_t> sums = section_sums(problem);
+  const auto peak = std::max_element(sums.begin(), sums.end());
+  return peak == sums.end() ? 0 : static_cast<std::uint64_t>(*peak);
 }
 
 std::uint64_t arena_of(const Problem& problem, const std::vector<std::uint64_t>& offsets) {

@@ -30,6 +30,9 @@ struct Problem {
 /// Validates `buffers` and normalises them. Throws InvalidArgument naming the first bad buffer.
 Problem normalise(const std::vector<Buffer>& buffers, std::uint64_t alignment);
 
+/// Per section, the summed sizes of the items live there.
+std::vector<std::int64_t> section_sums(const Problem& problem);
+
 /// max over sections of the summed sizes of the items live there.
 std::uint64_t peak_live(const Problem& problem);
 
@@ -59,6 +62,20 @@ using OnSolution = std::function<void(const std::vector<std::uint64_t>& offsets,
 /// most `capacity` and reports it through `on_solution`.
 SearchOutcome search(const Problem& problem, std::uint64_t capacity, const SearchLimits& limits,
                      const OnSolution& on_solution);
+
+/// Limits of the improving search.
+struct ImproveLimits {
+  SearchLimits search;
+  /// Only the items whose offset would be the lowest of all are tried next (a far narrower tree
+  /// that still holds good placements, but not all: an exhausted search then proves nothing).
+  bool lowest_only = false;
+};
+
+/// The improving search (see improve.cpp): looks for arenas below `best_arena` (strictly), stops
+/// at `lower_bound`, and reports each improvement through `on_solution`. `exhausted`: the tree
+/// was visited to its end (with `lowest_only`, that proves nothing).
+SearchOutcome improve(const Problem& problem, std::uint64_t best_arena, std::uint64_t lower_bound,
+                      const ImproveLimits& limits, const OnSolution& on_solution);
 
 /// What the bisection found.
 struct Bisection {

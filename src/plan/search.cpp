@@ -37,7 +37,7 @@ class Search {
   Search(const Problem& problem, std::uint64_t capacity, const SearchLimits& limits,
          const OnSolution& on_solution)
       : items_(problem.items),
-        skyline_(remainders(problem)),
+        skyline_(section_sums(problem)),
         capacity_(static_cast<std::int64_t>(capacity)),
         limits_(limits),
         on_solution_(on_solution),
@@ -69,21 +69,6 @@ class Search {
   }
 
  private:
-  static std::vector<std::int64_t> remainders(const Problem& problem) {
-    std::vector<std::int64_t> delta(std::size_t{problem.sections} + 1, 0);
-    for (const Item& item : problem.items) {
-      delta[item.first] += static_cast<std::int64_t>(item.size);
-      delta[item.last] -= static_cast<std::int64_t>(item.size);
-    }
-    std::vector<std::int64_t> remainder(problem.sections, 0);
-    std::int64_t live = 0;
-    for (std::uint32_t s = 0; s < problem.sections; ++s) {
-      live += delta[s];
-      remainder[s] = live;
-    }
-    return remainder;
-  }
-
   /// Whether to stop: a placement was found, or a limit is reached.
   bool out_of_budget() {
     if (stopped_ || found_) return true;

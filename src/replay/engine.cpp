@@ -60,8 +60,16 @@ Snapshot snapshot_at_peak(const trace::Trace& trace, const Plan& plan, const Pol
   return again.allocator().snapshot();
 }
 
-/// What the pass that just ended did: the calls since `before`.
-PassResult pass_result(const Replayer& replayer, const DeviceCalls& before, std::uint64_t peak) {
+std::uint64_t all_calls(const DeviceCalls& c) {
+  return c.allocs + c.frees + c.reserves + c.unreserves + c.creates + c.releases + c.maps +
+         c.unmaps + c.events + c.syncs;
+}
+
+/// What the pass that just ended did: the calls since `before`, and with the planned policy its
+/// requests since the step began (`plan_before`) up to `plan_now`.
+PassResult pass_result(const Replayer& replayer, const DeviceCalls& before, std::uint64_t peak,
+                       const plan::PlannedCounters& plan_before,
+                       const plan::PlannedCounters& plan_now) {
   const DeviceCalls& now = replayer.device_calls();
   PassResult pass;
   pass.peak_reserved = peak;
@@ -69,7 +77,20 @@ PassResult pass_result(const Replayer& replayer, const DeviceCalls& before, std:
   pass.device_frees = now.frees - before.frees;
   pass.maps = now.maps - before.maps;
   pass.unmaps = now.unmaps - before.unmaps;
+  pass.device_calls = all_calls(now) - all_calls(before);
+  if (replayer.learning() != nullptr) {
+    pass.planned = true;
+    pass.recorded = plan_now.recorded - plan_before.recorded;
+    pass.plan_hits = plan_now.hits - plan_before.hits;
+    pass.idle_fits = plan_now.idle_fits - plan_before.idle_fits;
+    pass.fallbacks = plan_now.fallbacks - plan_before.fallbacks;
+  }
   return pass;
+}
+
+/// The planned policy's counters now (zero for other policies).
+plan::PlannedCounters plan_counters(const Replayer& replayer) {
+  return replayer.learning() != nullptr ? replayer.learning()->counters() : plan::PlannedCounters{};
 }
 
 /// The replay proper; throws on a trace the allocator rejects.
@@ -82,16 +103,21 @@ void replay_into(Result& r, const trace::Trace& trace, const Plan& plan, const P
   if (options.timeline_points > 0) reserved_after.resize(plan.steps.size());
   replayer.replay(plan.steps.size(), false,
                   options.timeline_points > 0 ? &reserved_after : nullptr);
+  plan::PlannedCounters plan_before;  // the planned policy's, when the pass's step began
   for (std::size_t pass = 1; pass < options.repeat; ++pass) {
-    // A pass's own clean-up (the frees and re-allocations of end_pass) belongs to it.
+    // A pass's own clean-up (the frees and re-allocations of end_pass) belongs to it; with the
+    // planned policy, the re-allocations are the next step's first requests.
     const std::uint64_t peak = replayer.measures().pass_peak_reserved;
     replayer.end_pass(false);
-    r.passes.push_back(pass_result(replayer, before, peak));
+    r.passes.push_back(
+        pass_result(replayer, before, peak, plan_before, replayer.plan_counters_at_pass_start()));
+    plan_before = replayer.plan_counters_at_pass_start();
     before = replayer.device_calls();
     replayer.replay(plan.steps.size(), false, nullptr);
   }
   if (options.repeat > 1) {
-    r.passes.push_back(pass_result(replayer, before, replayer.measures().pass_peak_reserved));
+    r.passes.push_back(pass_result(replayer, before, replayer.measures().pass_peak_reserved,
+                                   plan_before, plan_counters(replayer)));
   }
   fill(r, replayer);
   const Measures& m = replayer.measures();

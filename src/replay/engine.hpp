@@ -92,7 +92,8 @@ struct CostModel {
 struct Options {
   std::size_t capacity = 80 * GiB;  ///< simulated device capacity
   Start start = Start::cold;
-  /// Call the allocator's check() after every event (cistern's and torch's allocators).
+  /// Call the allocator's check() after every event (every policy's: cistern's, torch's, plan
+  /// mode's).
   bool check_invariants = false;
   /// >0: sample live and reserved bytes at about this many points (the peaks always included).
   std::size_t timeline_points = 0;
@@ -121,6 +122,18 @@ struct PassResult {
   std::uint64_t device_frees = 0;
   std::uint64_t maps = 0;
   std::uint64_t unmaps = 0;
+  /// Every metered device call of the pass, of any kind (the four above, reservations, physical
+  /// handles, events and stream waits, synchronisations).
+  std::uint64_t device_calls = 0;
+  /// The planned policy (learning passes; false for every other policy and for lifetime lists,
+  /// planned whole ahead): how the pass's allocations were served - recorded (by the online
+  /// allocator while the step was learnt), at their planned offset, in an idle interval of the
+  /// plan, or by the online allocator because they matched no plan.
+  bool planned = false;
+  std::uint64_t recorded = 0;
+  std::uint64_t plan_hits = 0;
+  std::uint64_t idle_fits = 0;
+  std::uint64_t fallbacks = 0;
 };
 
 /// The device calls of a replay on a device of exactly the policy's min_capacity: what running

@@ -9,8 +9,6 @@
 #include <exception>
 
 #include "cistern/errors.hpp"
-#include "plan/planned_allocator.hpp"
-#include "replay/torch_allocator.hpp"
 #include "replay/warm_start.hpp"
 
 namespace cistern::replay::detail {
@@ -65,11 +63,15 @@ Replayer::Replayer(const trace::Trace& trace, const Plan& plan, const Policy& po
       pointers_(plan.slots, nullptr),
       warm_(options.start == Start::warm) {
   // The planned policy knows a lifetime list's future: it plans the whole list before the start.
+  // Any other trace it learns from the first pass (see end_pass).
   auto* planned = dynamic_cast<plan::PlannedAllocator*>(allocator_.get());
-  if (planned != nullptr && trace.format == "lifetimes") planned->plan_ahead(trace);
+  if (planned != nullptr && trace.format == "lifetimes") {
+    planned->plan_ahead(trace);
+  } else {
+    learning_ = planned;
+  }
   if (options.check_invariants) {
-    checked_ = dynamic_cast<const CachingAllocator*>(allocator_.get());
-    checked_torch_ = dynamic_cast<const TorchAllocator*>(allocator_.get());
+    checked_ = allocator_.get();
   }
 }
 
@@ -174,7 +176,6 @@ void Replayer::loop(std::size_t& i, std::size_t end, bool stop_at_oom,
     const std::uint64_t reserved = sample(i);
     if (reserved_after != nullptr) (*reserved_after)[i] = reserved;
     if (checked_ != nullptr) checked_->check();
-    if (checked_torch_ != nullptr) checked_torch_->check();
     ++i;
     if (!served && stop_at_oom) break;
   }
@@ -232,7 +233,13 @@ void Replayer::free_all(bool keep_start) {
 }
 
 void Replayer::end_pass(bool stop_at_oom) {
-  free_all(true);
+  if (learning_ != nullptr) {
+    free_all(false);
+    learning_->end_step();
+    pass_start_counters_ = learning_->counters();
+  } else {
+    free_all(true);
+  }
   for (const Step& step : plan_.start) {
     if (pointers_[step.slot] != nullptr) continue;
     const bool served = hooks_ != nullptr ? try_allocate<true>(kAtStart, step)

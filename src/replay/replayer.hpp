@@ -22,13 +22,10 @@
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
 #include "cistern/sim_device.hpp"
+#include "plan/planned_allocator.hpp"
 #include "replay/engine.hpp"
 #include "replay/metered_device.hpp"
 #include "replay/plan.hpp"
-
-namespace cistern::replay {
-class TorchAllocator;
-}  // namespace cistern::replay
 
 namespace cistern::replay::detail {
 
@@ -110,6 +107,10 @@ class Replayer {
   /// Ends a pass over the window (all events replayed): frees what the window left allocated and
   /// allocates again, in address order, the blocks live before the window that it freed, so that
   /// the next pass starts from the same live set. Untimed; out-of-memory is counted.
+  /// The planned policy over a trace it does not know ahead learns whole passes instead: every
+  /// allocation is freed, the allocator's step ends (the first one is planned there), and all
+  /// the blocks live before the window are allocated again as the next step's first requests -
+  /// so each pass is one step of the same requests, and no block crosses a step boundary.
   void end_pass(bool stop_at_oom);
   /// Frees every allocation the replay holds and empties the cache (a device run's clean-up).
   void release_all();
@@ -117,6 +118,12 @@ class Replayer {
   void free_slot(std::uint32_t slot, Stream stream);
 
   const Measures& measures() const noexcept { return measures_; }
+  /// The planned policy learning passes (see end_pass), else nullptr.
+  const plan::PlannedAllocator* learning() const noexcept { return learning_; }
+  /// With `learning()`: its counters when the current pass's step began (else all zero).
+  const plan::PlannedCounters& plan_counters_at_pass_start() const noexcept {
+    return pass_start_counters_;
+  }
   const DeviceCalls& device_calls() const noexcept { return meter_.calls(); }
   Allocator& allocator() noexcept { return *allocator_; }
   const std::vector<Stream>& streams() const noexcept { return rig_.streams; }
@@ -149,9 +156,10 @@ class Replayer {
   Rig rig_;
   MeteredDevice meter_;
   LoopHooks* hooks_;
-  std::unique_ptr<Allocator> allocator_;       // destroyed before the devices
-  const CachingAllocator* checked_ = nullptr;  // check() after every event, when asked
-  const TorchAllocator* checked_torch_ = nullptr;
+  std::unique_ptr<Allocator> allocator_;        // destroyed before the devices
+  const Allocator* checked_ = nullptr;          // check() after every event, when asked
+  plan::PlannedAllocator* learning_ = nullptr;  // the planned policy learning passes
+  plan::PlannedCounters pass_start_counters_;
   std::vector<void*> pointers_;  // by slot; nullptr: not allocated (or failed)
   bool warm_ = false;
   Measures measures_;
