@@ -80,6 +80,9 @@ class TorchAllocator final : public Allocator, public WarmStart {
 
   // --- WarmStart ------------------------------------------------------------------------------------
   void adopt_segment(void* ptr, std::size_t bytes, Stream stream, bool is_large) override;
+  std::size_t expandable_reservation_bytes(bool is_large) override;
+  void adopt_reservation(void* base, std::size_t bytes, Stream stream, bool is_large) override;
+  void adopt_mapped(void* ptr, std::size_t bytes) override;
   void* place_block(void* ptr, std::size_t requested, std::size_t block_size,
                     Stream stream) override;
 
