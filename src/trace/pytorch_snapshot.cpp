@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "cistern/errors.hpp"
+#include "cistern/history.hpp"
 #include "trace/address_lifetimes.hpp"
 #include "trace/pickle.hpp"
 #include "trace/pytorch_segments.hpp"
@@ -273,12 +274,26 @@ class WindowReader {
     segment.size = at.size(event, "size");
     segment.stream = streams_.index(at.stream(event));
     segment.time = time(event, at, position);
-    const bool releases = segment.kind == Kind::free || segment.kind == Kind::unmap;
+    // A reclaim's unmap (cistern's own, marked by its writer) gives nothing back to the device.
+    const bool releases =
+        segment.kind == Kind::free || (segment.kind == Kind::unmap && !is_reclaim(event));
     if (releases && !in_release_) open_release(segment.time);
     in_release_ = releases;
     segment.before_event = trace_.events.size();
     trace_.recorded.segment_events.push_back(segment);
     segment_positions_.push_back(position);
+  }
+
+  /// Whether a segment_unmap carries cistern's reclaim frame (HistoryEntry::reclaim).
+  static bool is_reclaim(Value event) {
+    const std::optional<Value> frames = event.find("frames");
+    if (!frames || !frames->is_list()) return false;
+    for (const Value frame : *frames) {
+      if (!frame.is_dict()) continue;
+      const std::optional<Value> name = frame.find("name");
+      if (name && name->is_string() && name->as_string() == kReclaimFrame) return true;
+    }
+    return false;
   }
 
   /// PyTorch returns cached memory to the device only in `release_cached_blocks` (the program's
