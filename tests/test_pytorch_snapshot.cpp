@@ -218,7 +218,9 @@ TEST(ReplaySnapshot, EveryPolicyRecordsItsRun) {
     EXPECT_EQ(back.events[0].size, 1000u) << name;
     EXPECT_EQ(back.events[1].size, 30 * MiB) << name;
     EXPECT_EQ(back.events[2].op, trace::Op::free) << name;
-    if (!own) EXPECT_EQ(back.events[3].op, trace::Op::empty_cache) << name;
+    if (!own) {
+      EXPECT_EQ(back.events[3].op, trace::Op::empty_cache) << name;
+    }
     ASSERT_EQ(back.recorded.ooms.size(), 1u) << name;
     EXPECT_EQ(back.recorded.ooms[0].size, 100 * MiB) << name;
     // The out-of-memory path returned the empty small segment: the 30 MiB block's is left.
