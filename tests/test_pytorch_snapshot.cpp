@@ -209,8 +209,9 @@ TEST(ReplaySnapshot, EveryPolicyRecordsItsRun) {
         replay::record_run(small_trace(), replay::Policy::parse(name), options);
     const trace::Trace back =
         trace::read_trace_bytes(pytorch_snapshot_pickle({run.record}, run.config), "back.pickle");
-    // The failed 100 MiB alloc is an oom; the release before it (the out-of-memory path's,
-    // or nocache's return of the freed segment) reads back as an empty_cache event.
+    // The failed 100 MiB alloc (more than the device) is an oom; the release before it (every
+    // policy's out-of-memory path returns its cache, as PyTorch's does; nocache returns the
+    // freed segment) reads back as an empty_cache event.
     ASSERT_EQ(back.events.size(), 4u) << name;
     EXPECT_EQ(back.events[0].size, 1000u) << name;
     EXPECT_EQ(back.events[1].size, 30 * MiB) << name;
@@ -221,6 +222,70 @@ TEST(ReplaySnapshot, EveryPolicyRecordsItsRun) {
     // The out-of-memory path returned the empty small segment: the 30 MiB block's is left.
     ASSERT_EQ(run.record.snapshot.segments.size(), 1u) << name;
     EXPECT_EQ(run.record.snapshot.segments[0].blocks[0].requested_size, 30 * MiB) << name;
+  }
+}
+
+/// A window under memory pressure: the 50 MiB block needs pages that only the cached 40 MiB
+/// block can give, and cistern's engine reclaims them (unmaps them to map them again) instead of
+/// failing. With `empty_cache`, the program empties the cache before the last allocation.
+trace::Trace pressure_trace(bool empty_cache) {
+  trace::Trace t = small_trace();
+  const auto event = [](trace::Op op, std::uint64_t id, std::uint64_t size, std::int64_t time) {
+    trace::Event e;
+    e.op = op;
+    e.id = id;
+    e.size = size;
+    e.time = time;
+    return e;
+  };
+  t.events = {event(trace::Op::alloc, 0, 40 * MiB, 10), event(trace::Op::alloc, 1, 1000, 20),
+              event(trace::Op::free, 0, 40 * MiB, 30), event(trace::Op::alloc, 2, 50 * MiB, 40),
+              event(trace::Op::free, 2, 50 * MiB, 50)};
+  if (empty_cache) t.events.push_back(event(trace::Op::empty_cache, 0, 0, 60));
+  t.events.push_back(event(trace::Op::alloc, 3, 8 * MiB, 70));
+  return t;
+}
+
+/// The ops and sizes of a trace's events.
+std::vector<std::pair<trace::Op, std::uint64_t>> ops_of(const trace::Trace& t) {
+  std::vector<std::pair<trace::Op, std::uint64_t>> out;
+  for (const trace::Event& e : t.events) out.emplace_back(e.op, e.size);
+  return out;
+}
+
+TEST(ReplaySnapshot, ReclaimsReadBackAsTheAllocatorsOwnNotAsEmptyCache) {
+  replay::Options options;
+  options.capacity = 64 * MiB;
+  for (const bool empty_cache : {false, true}) {
+    const trace::Trace original = pressure_trace(empty_cache);
+    const replay::RecordedRun run =
+        replay::record_run(original, replay::Policy::parse("cistern"), options);
+    std::size_t reclaims = 0;
+    std::size_t releases = 0;
+    for (const HistoryEntry& e : run.record.history) {
+      if (e.action != HistoryEntry::Action::segment_unmap) continue;
+      ++(e.reclaim ? reclaims : releases);
+    }
+    EXPECT_GT(reclaims, 0u) << "the window must make the engine reclaim pages";
+    EXPECT_EQ(releases > 0, empty_cache);
+    const std::string bytes = pytorch_snapshot_pickle({run.record}, run.config);
+    // The writer marks each reclaim's unmap with cistern's frame, PyTorch's viewer shows it.
+    const trace::pickle::Document doc = trace::pickle::parse(bytes, "marked.pickle");
+    std::size_t marked = 0;
+    for (const Value entry : doc.root().at("device_traces")[0]) {
+      const Value frames = entry.at("frames");
+      if (frames.size() == 1 && frames[0].at("name").as_string() == kReclaimFrame) ++marked;
+    }
+    EXPECT_EQ(marked, reclaims);
+    // Read back: the same events, an empty_cache only where the program called it.
+    const trace::Trace back = trace::read_trace_bytes(bytes, "back.pickle");
+    EXPECT_EQ(ops_of(back), ops_of(original)) << "empty_cache " << empty_cache;
+    EXPECT_TRUE(back.recorded.ooms.empty());
+    std::size_t unmaps = 0;
+    for (const trace::RecordedSegmentEvent& e : back.recorded.segment_events) {
+      unmaps += e.kind == trace::RecordedSegmentEvent::Kind::unmap ? 1 : 0;
+    }
+    EXPECT_EQ(unmaps, reclaims + releases);
   }
 }
 

@@ -290,6 +290,45 @@ TEST(SimDevice, AllocateAtRejectsOverlapMisalignmentAndExcess) {
   EXPECT_EQ(device.used_bytes(), 8 * MiB);
 }
 
+// --- reserve_at and the reservation plan ---------------------------------------------------------
+
+TEST(SimDevice, ReserveAtTakesAGivenRangeAndRefusesOverlap) {
+  SimDevice device(with_capacity(8 * MiB));
+  ASSERT_EQ(device.reserve_at(pointer(kBase + 4 * MiB), 8 * MiB), Status::ok)
+      << device.last_error();
+  EXPECT_EQ(device.live_reservations(), 1u);
+  EXPECT_EQ(device.used_bytes(), 0u) << "address space only";
+  EXPECT_EQ(device.counters().of(DeviceOp::reserve), 0u) << "reserve_at is not a contract call";
+  EXPECT_EQ(device.reserve_at(pointer(kBase + 10 * MiB), 4 * MiB), Status::invalid_argument);
+  EXPECT_THAT(device.last_error(), HasSubstr("overlaps"));
+  EXPECT_EQ(device.reserve_at(pointer(kBase + 4096), 2 * MiB), Status::invalid_argument);
+  EXPECT_EQ(device.reserve_at(pointer(kBase), 2 * MiB + 4096), Status::invalid_argument);
+  EXPECT_EQ(device.reserve_at(nullptr, 2 * MiB), Status::invalid_argument);
+  // reserve goes around it; the range is released as any reservation.
+  void* va = nullptr;
+  ASSERT_EQ(device.reserve(6 * MiB, 0, &va), Status::ok);
+  EXPECT_EQ(address(va), kBase + 12 * MiB);
+  EXPECT_EQ(device.release_reservation(pointer(kBase + 4 * MiB), 8 * MiB), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 6 * MiB), Status::ok);
+  EXPECT_EQ(device.live_reservations(), 0u);
+}
+
+TEST(SimDevice, ReservationPlanPlacesReservesWhereItCan) {
+  SimDevice device(with_capacity(8 * MiB));
+  std::vector<std::uintptr_t> plan{kBase + 20 * MiB, kBase + 22 * MiB, kBase + 1};
+  std::size_t next = 0;
+  device.set_reservation_plan([&](std::size_t) { return next < plan.size() ? plan[next++] : 0; });
+  void* a = nullptr;
+  void* b = nullptr;
+  void* c = nullptr;
+  ASSERT_EQ(device.reserve(4 * MiB, 0, &a), Status::ok);
+  EXPECT_EQ(address(a), kBase + 20 * MiB);
+  ASSERT_EQ(device.reserve(4 * MiB, 0, &b), Status::ok);
+  EXPECT_EQ(address(b), kBase) << "the planned range overlaps the first: the lowest free one";
+  ASSERT_EQ(device.reserve(2 * MiB, 0, &c), Status::ok);
+  EXPECT_EQ(address(c), kBase + 4 * MiB) << "a misaligned plan is ignored";
+}
+
 // --- the virtual clock ---------------------------------------------------------------------------
 
 TEST(SimDevice, StreamsAreNumberedAndUnknownOnesAreRejected) {

@@ -32,7 +32,18 @@ struct HistoryEntry {
   Stream stream;
   std::uint64_t time_us = 0;   ///< microseconds since the Unix epoch (as PyTorch's time_us)
   std::uint64_t sequence = 0;  ///< position in the history (gap-free while nothing is dropped)
+  /// segment_unmap only: the allocator unmapped the pages on its own account - to map their
+  /// memory elsewhere for an allocation (cistern's reclaim), to undo a map that failed, or to
+  /// trim its cache to `release_threshold` - not in `empty_cache()`, garbage collection or the
+  /// out-of-memory path's release. A replay of the same allocator does it again by itself, so a
+  /// snapshot reader must not take it for an `empty_cache()` of the program. The PyTorch snapshot
+  /// writer marks such an entry with one frame named `kReclaimFrame`. PyTorch never sets it.
+  bool reclaim = false;
 };
+
+/// The name of the frame that marks a reclaim's segment_unmap in a PyTorch snapshot (file
+/// "cistern", line 0): PyTorch's memory viewer shows it as the event's stack.
+inline constexpr const char* kReclaimFrame = "cistern::reclaim";
 
 /// PyTorch's name of an action ("alloc", "free_requested", ...).
 const char* to_string(HistoryEntry::Action action) noexcept;

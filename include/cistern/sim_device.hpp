@@ -107,6 +107,17 @@ class SimDevice final : public Device {
   /// Called under the device's lock: the plan must not call back into the device.
   void set_address_plan(std::function<std::uintptr_t(std::size_t bytes)> plan);
 
+  /// Takes an address range at a given address, as `reserve` would (for replaying a recorded
+  /// allocator's expandable segments). Fails with `invalid_argument` if the range is misaligned
+  /// or overlaps anything live. Not counted as a call.
+  Status reserve_at(void* address, std::size_t bytes) noexcept;
+
+  /// Lets `reserve` place address ranges where a recorded run placed them: for a range of
+  /// `bytes` the plan returns a preferred address, or 0 for none. A preferred address that is
+  /// not aligned to the requested alignment or not free is ignored. Called under the device's
+  /// lock: the plan must not call back into the device.
+  void set_reservation_plan(std::function<std::uintptr_t(std::size_t bytes)> plan);
+
   // --- fault injection -----------------------------------------------------------------------------
 
   /// Makes the `nth` call of `op` from now on (1 = the next one) fail with `status`.

@@ -109,9 +109,10 @@ class CachingAllocator::Impl {
 
  private:
   // Appends to the history when it is being recorded (one relaxed load otherwise).
-  void record(HistoryEntry::Action action, std::uintptr_t addr, std::size_t size, Stream stream) {
+  void record(HistoryEntry::Action action, std::uintptr_t addr, std::size_t size, Stream stream,
+              bool reclaim = false) {
     if (detail::HistoryLog* log = history_.load(std::memory_order_relaxed)) {
-      log->add(action, addr, size, stream);
+      log->add(action, addr, size, stream, reclaim);
     }
   }
 
@@ -167,10 +168,14 @@ class CachingAllocator::Impl {
   bool map_run_of(detail::StreamPool& pool, detail::Segment& seg, std::size_t first,
                   std::size_t end, std::vector<MapPiece>& pieces);
   bool create_handle(const detail::Segment& seg, std::size_t deficit, std::size_t& ceiling);
+  /// Why pages are unmapped: to give memory back (empty_cache, the release of whole segments),
+  /// or on the allocator's own account (HistoryEntry::reclaim).
+  enum class Unmap : bool { release, reclaim };
   std::size_t reclaim_pages(const detail::StreamPool* held, std::size_t want,
-                            const detail::Segment* keep, std::uintptr_t lo, std::uintptr_t hi);
+                            const detail::Segment* keep, std::uintptr_t lo, std::uintptr_t hi,
+                            Unmap why);
   void wait_for_stream(Stream stream);
-  void unmap_page(detail::StreamPool& pool, detail::Segment& seg, std::size_t page);
+  void unmap_page(detail::StreamPool& pool, detail::Segment& seg, std::size_t page, Unmap why);
   bool release_expandable(detail::StreamPool& pool, detail::Block* b);
   std::size_t release_unused_handles();
   void trim_to_threshold();

@@ -22,13 +22,14 @@ const char* to_string(HistoryEntry::Action action) noexcept {
 namespace detail {
 
 void HistoryLog::add(HistoryEntry::Action action, std::uintptr_t addr, std::size_t size,
-                     Stream stream) {
+                     Stream stream, bool reclaim) {
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   HistoryEntry entry;
   entry.action = action;
   entry.addr = addr;
   entry.size = size;
   entry.stream = stream;
+  entry.reclaim = reclaim;
   entry.time_us = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(now).count());
   std::lock_guard<std::mutex> lock(mutex_);

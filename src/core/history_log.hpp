@@ -17,7 +17,9 @@ class HistoryLog {
   explicit HistoryLog(std::size_t max_entries) : max_entries_(max_entries) {}
 
   /// Appends one entry, dropping the oldest beyond the limit (a ring buffer, as PyTorch's).
-  void add(HistoryEntry::Action action, std::uintptr_t addr, std::size_t size, Stream stream);
+  /// `reclaim`: see HistoryEntry::reclaim.
+  void add(HistoryEntry::Action action, std::uintptr_t addr, std::size_t size, Stream stream,
+           bool reclaim = false);
   /// The entries, oldest first.
   std::vector<HistoryEntry> entries() const;
   /// How many entries were dropped because of the limit.

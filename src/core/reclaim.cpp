@@ -156,7 +156,7 @@ void CachingAllocator::Impl::empty_cache() {
   std::size_t failures = release_cache(nullptr);
   if (vmm_) {
     // Every page left inside a cached free block of a split segment, then every handle unused.
-    reclaim_pages(nullptr, SIZE_MAX, nullptr, 0, 0);
+    reclaim_pages(nullptr, SIZE_MAX, nullptr, 0, 0, Unmap::release);
     failures += release_unused_handles();
   }
   if (failures != 0) {

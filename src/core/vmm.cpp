@@ -167,7 +167,7 @@ bool CachingAllocator::Impl::map_run_of(StreamPool& pool, Segment& seg, std::siz
 // Undoes the maps of a failed map_range (those pages were never handed out, nothing ran on them).
 void CachingAllocator::Impl::unmap_mapped_now(StreamPool& pool, Segment& seg,
                                               const std::vector<std::size_t>& pages) {
-  for (const std::size_t i : pages) unmap_page(pool, seg, i);
+  for (const std::size_t i : pages) unmap_page(pool, seg, i, Unmap::reclaim);
 }
 
 // Makes the page pool hold `n` pages: new handles first, then pages reclaimed from cached free
@@ -178,7 +178,7 @@ bool CachingAllocator::Impl::obtain_pages(const StreamPool& pool, const Segment&
   while (page_pool_.size() < n) {
     const std::size_t deficit = n - page_pool_.size();
     if (create_handle(seg, deficit, ceiling)) continue;
-    if (reclaim_pages(&pool, deficit, &seg, lo, hi) == 0) return false;
+    if (reclaim_pages(&pool, deficit, &seg, lo, hi, Unmap::reclaim) == 0) return false;
   }
   return true;
 }
@@ -276,7 +276,7 @@ std::vector<FreePage> free_pages(const std::vector<std::unique_ptr<StreamPool>>&
 // none). Each pool whose pages are taken has its stream's work waited for first (once).
 std::size_t CachingAllocator::Impl::reclaim_pages(const StreamPool* held, std::size_t want,
                                                   const Segment* keep, std::uintptr_t lo,
-                                                  std::uintptr_t hi) {
+                                                  std::uintptr_t hi, Unmap why) {
   AllPoolsLock locks(pools_, held);
   for (const auto& pool : pools_.all()) {
     if (pool.get() != held) pool->flush_parked();  // the held pool's were flushed by its caller
@@ -288,7 +288,7 @@ std::size_t CachingAllocator::Impl::reclaim_pages(const StreamPool* held, std::s
       wait_for_stream(v.pool->stream);
       waited = v.pool;
     }
-    unmap_page(*v.pool, *v.seg, v.page);
+    unmap_page(*v.pool, *v.seg, v.page, why);
   }
   num_pages_reclaimed_ += static_cast<std::int64_t>(victims.size());
   return victims.size();
@@ -320,7 +320,8 @@ void CachingAllocator::Impl::wait_for_stream(Stream stream) {
 }
 
 // Lock of `pool` held; the page's users have completed. Unmaps it into the page pool.
-void CachingAllocator::Impl::unmap_page(StreamPool& pool, Segment& seg, std::size_t page) {
+void CachingAllocator::Impl::unmap_page(StreamPool& pool, Segment& seg, std::size_t page,
+                                        Unmap why) {
   detail::check_device(device_, device_.unmap(address(seg, page), seg.page_size), DeviceOp::unmap);
   page_pool_.put(seg.pages[page]);
   seg.pages[page] = Segment::kNoPage;
@@ -328,7 +329,7 @@ void CachingAllocator::Impl::unmap_page(StreamPool& pool, Segment& seg, std::siz
   pool.count_mapped(!seg.large, -static_cast<std::int64_t>(seg.page_size));
   ++num_pages_unmapped_;
   record(HistoryEntry::Action::segment_unmap, reinterpret_cast<std::uintptr_t>(address(seg, page)),
-         seg.page_size, pool.stream);
+         seg.page_size, pool.stream, why == Unmap::reclaim);
 }
 
 // --- giving memory back -----------------------------------------------------------------------------------
@@ -340,7 +341,7 @@ bool CachingAllocator::Impl::release_expandable(StreamPool& pool, Block* b) {
   try {
     if (seg.unmapped_pages != seg.pages.size()) wait_for_stream(pool.stream);
     for (std::size_t i = 0; i < seg.pages.size(); ++i) {
-      if (seg.pages[i] != Segment::kNoPage) unmap_page(pool, seg, i);
+      if (seg.pages[i] != Segment::kNoPage) unmap_page(pool, seg, i, Unmap::release);
     }
   } catch (const DeviceError& e) {
     last_release_error_ = e.what();
@@ -395,7 +396,7 @@ void CachingAllocator::Impl::trim_to_threshold() {
   }
   if (unused <= config_.release_threshold) return;
   const std::size_t excess = unused - config_.release_threshold;
-  reclaim_pages(nullptr, (excess + page_size_ - 1) / page_size_, nullptr, 0, 0);
+  reclaim_pages(nullptr, (excess + page_size_ - 1) / page_size_, nullptr, 0, 0, Unmap::reclaim);
   release_unused_handles();
 }
 

@@ -36,6 +36,7 @@ void fill(Result& r, const Replayer& replayer) {
   r.peak_reserved = m.peak_reserved;
   r.overhead = overhead(m.peak_reserved, r.peak_live);
   r.ooms = m.ooms;
+  r.note = replayer.start_note();
   set_device_calls(r, calls);
   if (m.allocator_calls > 0) r.ns_per_op = m.loop_ns / static_cast<double>(m.allocator_calls);
 }
@@ -52,10 +53,10 @@ Snapshot snapshot_at_peak(const trace::Trace& trace, const Plan& plan, const Pol
     again.replay(first.peak_reserved_event + 1, false, nullptr);
   }
   if (again.allocator().reserved_bytes() != peak) {
-    note = fmt::format(
-        "the segment map holds {} reserved bytes, not the peak's {}: the replay "
+    note += fmt::format(
+        "{}the segment map holds {} reserved bytes, not the peak's {}: the replay "
         "was not deterministic",
-        again.allocator().reserved_bytes(), peak);
+        note.empty() ? "" : "; ", again.allocator().reserved_bytes(), peak);
   }
   return again.allocator().snapshot();
 }

@@ -46,6 +46,10 @@ class MeteredDevice final : public ForwardingDevice {
   /// Declares a segment that was placed on the device without this adaptor (a warm start's
   /// recorded cache), so that its later free is priced by its size.
   void note_segment(std::uintptr_t address, std::size_t bytes);
+  /// Forgets the calls metered so far, keeping the sizes of live segments and handles: a warm
+  /// start that maps the recorded cache through the allocator (expandable segments) is not a
+  /// call of the replay.
+  void clear_calls() noexcept { calls_ = DeviceCalls{}; }
 
   Status memory_info(MemoryInfo* info) noexcept override;
   Status allocate(std::size_t bytes, void** ptr) noexcept override;

@@ -107,12 +107,14 @@ void Replayer::start_warm() {
     throw InvalidArgument("replay: a warm start needs the simulated device");
   }
   const WarmStartResult placed = apply_warm_start(trace_, *warm, *rig_.sim, rig_.streams);
+  start_note_ = placed.note;
   for (std::size_t i = 0; i < placed.live.size() && i < plan_.slot_of_live_before.size(); ++i) {
     pointers_[plan_.slot_of_live_before[i]] = placed.live[i].second;
   }
   for (const trace::RecordedSegment& s : trace_.recorded.initial_segments) {
     meter_.note_segment(static_cast<std::uintptr_t>(s.addr), static_cast<std::size_t>(s.size));
   }
+  meter_.clear_calls();  // the pages of expandable segments were mapped through the allocator
 }
 
 // --- the loop --------------------------------------------------------------------------------------------

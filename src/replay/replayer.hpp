@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cistern/caching_allocator.hpp"
@@ -124,6 +125,8 @@ class Replayer {
   const plan::PlannedCounters& plan_counters_at_pass_start() const noexcept {
     return pass_start_counters_;
   }
+  /// Why the warm start differs from the recording (empty if it does not, or the start is cold).
+  const std::string& start_note() const noexcept { return start_note_; }
   const DeviceCalls& device_calls() const noexcept { return meter_.calls(); }
   Allocator& allocator() noexcept { return *allocator_; }
   const std::vector<Stream>& streams() const noexcept { return rig_.streams; }
@@ -163,6 +166,7 @@ class Replayer {
   std::vector<void*> pointers_;  // by slot; nullptr: not allocated (or failed)
   bool warm_ = false;
   Measures measures_;
+  std::string start_note_;
 };
 
 }  // namespace cistern::replay::detail

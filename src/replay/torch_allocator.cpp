@@ -260,6 +260,9 @@ class TorchAllocator::Impl {
   Snapshot snapshot() const;
   void check() const;
   void adopt_segment(void* ptr, std::size_t bytes, Stream stream, bool is_large);
+  std::size_t expandable_reservation_bytes(bool is_large);
+  void adopt_reservation(void* base, std::size_t bytes, Stream stream, bool is_large);
+  void adopt_mapped(void* ptr, std::size_t bytes);
   void* place_block(void* ptr, std::size_t requested, std::size_t block_size, Stream stream);
 
   const Config& config() const noexcept { return config_; }
@@ -682,33 +685,73 @@ class TorchAllocator::Impl {
     return new_expandable_segment(stream, pool);
   }
 
+  std::size_t page_size(const BlockPool& pool) const noexcept {
+    return pool.is_small ? config_.small_segment_size : config_.large_segment_size;
+  }
+
+  /// The pages of a reservation: 1.125 x the device's memory, rounded up to whole pages.
+  std::size_t reservation_pages(const BlockPool& pool) {
+    MemoryInfo info;
+    if (device_.memory_info(&info) != Status::ok) throw_device_error("memory_info");
+    const std::size_t page = page_size(pool);
+    return (info.total + info.total / 8 + page - 1) / page;
+  }
+
   /// Reserves a new expandable segment: address space for 1.125 x the device's memory. A
   /// simulated device too large for its own address space (the unlimited probe of a capacity
   /// search) gets the largest half, quarter, ... of that which it can still reserve.
   Block* new_expandable_segment(Stream stream, BlockPool& pool) {
-    MemoryInfo info;
-    if (device_.memory_info(&info) != Status::ok) throw_device_error("memory_info");
-    const std::size_t page =
-        pool.is_small ? config_.small_segment_size : config_.large_segment_size;
-    auto segment = std::make_unique<ExpandableSegment>();
-    segment->page = page;
+    const std::size_t page = page_size(pool);
     void* va = nullptr;
-    for (std::size_t pages = (info.total + info.total / 8 + page - 1) / page;; pages /= 2) {
+    for (std::size_t pages = reservation_pages(pool);; pages /= 2) {
       if (pages == 0) return nullptr;
       const Status status = device_.reserve(pages * page, 0, &va);
-      if (status == Status::ok) {
-        segment->size = pages * page;
-        break;
-      }
+      if (status == Status::ok) return add_reservation(address_of(va), pages * page, stream, pool);
       if (status != Status::out_of_memory) throw_device_error("reserve");
     }
-    segment->base = address_of(va);
+  }
+
+  /// Takes [base, base + bytes), reserved on the device, as an expandable segment of `pool`:
+  /// one unmapped block.
+  Block* add_reservation(std::uintptr_t base, std::size_t bytes, Stream stream, BlockPool& pool) {
+    auto segment = std::make_unique<ExpandableSegment>();
+    segment->page = page_size(pool);
+    segment->base = base;
+    segment->size = bytes;
     Block* block = new Block(stream, segment->size, &pool, segment->base);
     block->mapped = false;
     block->expandable = segment.get();
     expandable_segments_.push_back(std::move(segment));
     pool.unmapped.insert(block);
     return block;
+  }
+
+  /// The unmapped block that holds [begin, end), or null.
+  Block* find_unmapped_block_containing(std::uintptr_t begin, std::uintptr_t end) const {
+    for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+      for (Block* block : pool->unmapped) {
+        if (block->ptr <= begin && end <= block->ptr + block->size) return block;
+      }
+    }
+    return nullptr;
+  }
+
+  /// Cuts the unmapped block `block` at `at` (strictly inside it): `block` keeps the front, the
+  /// returned new unmapped block the rest.
+  Block* split_unmapped(Block* block, std::uintptr_t at) {
+    BlockPool& pool = *block->pool;
+    pool.unmapped.erase(block);
+    Block* rest = new Block(block->stream, block->ptr + block->size - at, &pool, at);
+    rest->mapped = false;
+    rest->expandable = block->expandable;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    block->next = rest;
+    block->size = at - block->ptr;
+    pool.unmapped.insert(block);
+    pool.unmapped.insert(rest);
+    return rest;
   }
 
   /// Maps the pages covering the first `size` bytes of the unmapped block `to_map` and caches
@@ -1009,6 +1052,45 @@ void TorchAllocator::Impl::adopt_segment(void* ptr, std::size_t bytes, Stream st
   pool.insert_into_blocks(new_segment(ptr, bytes, stream, pool));
 }
 
+std::size_t TorchAllocator::Impl::expandable_reservation_bytes(bool is_large) {
+  if (!expandable_) return 0;
+  const BlockPool& pool = is_large ? large_blocks_ : small_blocks_;
+  return reservation_pages(pool) * page_size(pool);
+}
+
+void TorchAllocator::Impl::adopt_reservation(void* base, std::size_t bytes, Stream stream,
+                                             bool is_large) {
+  BlockPool& pool = is_large ? large_blocks_ : small_blocks_;
+  if (!expandable_ || base == nullptr || bytes == 0 || bytes % page_size(pool) != 0) {
+    throw InvalidArgument(fmt::format(
+        "torch: adopt_reservation({}, {} bytes): needs expandable segments on and a positive "
+        "multiple of the page ({} bytes)",
+        base, bytes, page_size(pool)));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  add_reservation(address_of(base), bytes, stream, pool);
+}
+
+void TorchAllocator::Impl::adopt_mapped(void* ptr, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::uintptr_t begin = address_of(ptr);
+  Block* block = find_unmapped_block_containing(begin, begin + bytes);
+  const std::size_t page = block == nullptr ? 0 : block->expandable->page;
+  if (block == nullptr || bytes == 0 || (begin - block->expandable->base) % page != 0 ||
+      bytes % page != 0) {
+    throw InvalidArgument(fmt::format(
+        "torch: adopt_mapped({}, {} bytes): the range is not whole pages of the unmapped space "
+        "of an adopted reservation",
+        ptr, bytes));
+  }
+  if (block->ptr < begin) block = split_unmapped(block, begin);
+  if (begin + bytes < block->ptr + block->size) split_unmapped(block, begin + bytes);
+  if (!map_block(block, bytes)) {
+    throw InvalidArgument(fmt::format(
+        "torch: adopt_mapped({}, {} bytes): the device has no memory for the pages", ptr, bytes));
+  }
+}
+
 void* TorchAllocator::Impl::place_block(void* ptr, std::size_t requested, std::size_t block_size,
                                         Stream stream) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -1029,14 +1111,18 @@ void* TorchAllocator::Impl::place_block(void* ptr, std::size_t requested, std::s
         ptr, requested, size, stream.handle, config_.min_block_size));
   }
   BlockPool& pool = *block->pool;
+  // inactive_split leaves expandable segments out.
+  const auto count_inactive = [&](std::int64_t blocks, std::size_t bytes) {
+    if (block->expandable != nullptr) return;
+    update_stat(StatKind::inactive_split, pool, blocks);
+    update_stat(StatKind::inactive_split_bytes, pool, blocks * signed_size(bytes));
+  };
   // Take the free block out, cut it into [before][block][after], and cache the two free ends.
   pool.blocks.erase(block);
-  if (block->is_split()) {
-    update_stat(StatKind::inactive_split, pool, -1);
-    update_stat(StatKind::inactive_split_bytes, pool, -signed_size(block->size));
-  }
+  if (block->is_split()) count_inactive(-1, block->size);
   if (block->ptr < begin) {
     Block* before = new Block(stream, begin - block->ptr, &pool, block->ptr);
+    before->expandable = block->expandable;
     before->prev = block->prev;
     if (before->prev != nullptr) before->prev->next = before;
     before->next = block;
@@ -1044,19 +1130,18 @@ void* TorchAllocator::Impl::place_block(void* ptr, std::size_t requested, std::s
     block->ptr = begin;
     block->size -= before->size;
     pool.insert_into_blocks(before);
-    update_stat(StatKind::inactive_split, pool, 1);
-    update_stat(StatKind::inactive_split_bytes, pool, signed_size(before->size));
+    count_inactive(1, before->size);
   }
   if (block->size > size) {
     Block* after = new Block(stream, block->size - size, &pool, begin + size);
+    after->expandable = block->expandable;
     after->next = block->next;
     if (after->next != nullptr) after->next->prev = after;
     after->prev = block;
     block->next = after;
     block->size = size;
     pool.insert_into_blocks(after);
-    update_stat(StatKind::inactive_split, pool, 1);
-    update_stat(StatKind::inactive_split_bytes, pool, signed_size(after->size));
+    count_inactive(1, after->size);
   }
   block->allocated = true;
   block->requested_size = requested;
@@ -1245,6 +1330,14 @@ std::string TorchAllocator::name() const { return "torch"; }
 void TorchAllocator::adopt_segment(void* ptr, std::size_t bytes, Stream stream, bool is_large) {
   impl_->adopt_segment(ptr, bytes, stream, is_large);
 }
+std::size_t TorchAllocator::expandable_reservation_bytes(bool is_large) {
+  return impl_->expandable_reservation_bytes(is_large);
+}
+void TorchAllocator::adopt_reservation(void* base, std::size_t bytes, Stream stream,
+                                       bool is_large) {
+  impl_->adopt_reservation(base, bytes, stream, is_large);
+}
+void TorchAllocator::adopt_mapped(void* ptr, std::size_t bytes) { impl_->adopt_mapped(ptr, bytes); }
 void* TorchAllocator::place_block(void* ptr, std::size_t requested, std::size_t block_size,
                                   Stream stream) {
   return impl_->place_block(ptr, requested, block_size, stream);

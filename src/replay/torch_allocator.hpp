@@ -33,7 +33,9 @@
 //   `release_cached_blocks` (a reservation left without pages is released); garbage collection
 //   and `release_available_cached_blocks` leave expandable blocks alone (PyTorch PR #134338).
 //   Mapped bytes count as reserved; `inactive_split` and the segment count leave them out. A
-//   snapshot shows one segment per run of mapped pages, as PyTorch's does.
+//   snapshot shows one segment per run of mapped pages, as PyTorch's does. A warm start adopts
+//   the recorded reservations at their inferred bases and maps the recorded ranges in them
+//   (`adopt_reservation`, `adopt_mapped`; replay/warm_start.hpp).
 //
 // Differences from PyTorch, none of which shows in a replay: no CUDA graph or MemPool private
 // pools, no free-memory callbacks, one plain
@@ -80,6 +82,9 @@ class TorchAllocator final : public Allocator, public WarmStart {
 
   // --- WarmStart ------------------------------------------------------------------------------------
   void adopt_segment(void* ptr, std::size_t bytes, Stream stream, bool is_large) override;
+  std::size_t expandable_reservation_bytes(bool is_large) override;
+  void adopt_reservation(void* base, std::size_t bytes, Stream stream, bool is_large) override;
+  void adopt_mapped(void* ptr, std::size_t bytes) override;
   void* place_block(void* ptr, std::size_t requested, std::size_t block_size,
                     Stream stream) override;
 

@@ -172,7 +172,166 @@ void plan_segment_addresses(const trace::Trace& trace, SimDevice& device) {
   });
 }
 
+// --- expandable segments ---------------------------------------------------------------------------
+
+using SegmentKind = trace::RecordedSegmentEvent::Kind;
+
+/// The reservations held when the window opens: one per (stream, pool) of the expandable initial
+/// segments, from the lowest address mapped in it (before or during the window), `bytes_of` long
+/// or long enough for its mapped ranges.
+std::vector<InferredReservation> group_initial(const trace::Trace& trace,
+                                               const std::function<std::uint64_t(bool)>& bytes_of,
+                                               std::uint64_t small_page) {
+  std::map<std::pair<std::uint32_t, bool>, InferredReservation> groups;
+  std::map<std::pair<std::uint32_t, bool>, std::uint64_t> ends;
+  const auto& segments = trace.recorded.initial_segments;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const trace::RecordedSegment& s = segments[i];
+    if (!s.is_expandable) continue;
+    const auto key = std::make_pair(s.stream, s.is_large);
+    InferredReservation& r = groups[key];
+    if (r.mapped.empty()) {
+      r.stream = s.stream;
+      r.is_large = s.is_large;
+      r.base = s.addr;
+    }
+    r.base = std::min(r.base, s.addr);
+    ends[key] = std::max(ends[key], s.addr + s.size);
+    r.mapped.push_back(i);
+  }
+  // Pages below the lowest one held that the window maps (PyTorch had unmapped them before it).
+  for (const trace::RecordedSegmentEvent& e : trace.recorded.segment_events) {
+    if (e.kind != SegmentKind::map) continue;
+    const auto key = std::make_pair(e.stream, e.size != small_page);
+    const auto found = groups.find(key);
+    if (found == groups.end() || e.addr >= found->second.base) continue;
+    if (e.addr + bytes_of(key.second) >= ends[key]) found->second.base = e.addr;
+  }
+  std::vector<InferredReservation> out;
+  for (auto& [key, r] : groups) {
+    r.bytes = std::max(bytes_of(key.second), ends[key] - r.base);
+    out.push_back(std::move(r));
+  }
+  std::sort(out.begin(), out.end(), [](const InferredReservation& a, const InferredReservation& b) {
+    return a.base < b.base;
+  });
+  return out;
+}
+
+/// Walks the window's map and unmap events over the reservations held: a map outside every
+/// reservation of its stream opens a new one at its address; a reservation whose last page is
+/// unmapped is released. Returns the new reservations' bases in order.
+std::vector<std::uint64_t> window_reservations(const trace::Trace& trace,
+                                               const std::vector<InferredReservation>& initial,
+                                               const std::function<std::uint64_t(bool)>& bytes_of,
+                                               std::uint64_t small_page) {
+  struct Held {
+    std::uint32_t stream;
+    std::uint64_t base, end, mapped;
+  };
+  std::vector<Held> held;
+  for (const InferredReservation& r : initial) {
+    std::uint64_t mapped = 0;
+    for (const std::size_t i : r.mapped) mapped += trace.recorded.initial_segments[i].size;
+    held.push_back({r.stream, r.base, r.base + r.bytes, mapped});
+  }
+  std::vector<std::uint64_t> bases;
+  for (const trace::RecordedSegmentEvent& e : trace.recorded.segment_events) {
+    if (e.kind != SegmentKind::map && e.kind != SegmentKind::unmap) continue;
+    const auto it = std::find_if(held.begin(), held.end(), [&](const Held& h) {
+      return h.stream == e.stream && h.base <= e.addr && e.addr + e.size <= h.end;
+    });
+    if (e.kind == SegmentKind::map && it == held.end()) {
+      bases.push_back(e.addr);
+      held.push_back({e.stream, e.addr, e.addr + bytes_of(e.size != small_page), e.size});
+    } else if (e.kind == SegmentKind::map) {
+      it->mapped += e.size;
+    } else if (it != held.end()) {
+      it->mapped -= std::min(it->mapped, e.size);
+      if (it->mapped == 0) held.erase(it);
+    }
+  }
+  return bases;
+}
+
+/// Cuts each reservation short of the next recorded range above its base (to whole pages, never
+/// below its mapped ranges): the replay's device may be larger than the recording one.
+void clip_reservations(const trace::Trace& trace, ReservationLayout& layout,
+                       const Config& recorded) {
+  std::vector<std::uint64_t> starts(layout.window_bases);
+  for (const trace::RecordedSegment& s : trace.recorded.initial_segments) {
+    if (!s.is_expandable) starts.push_back(s.addr);
+  }
+  for (const InferredReservation& r : layout.initial) starts.push_back(r.base);
+  std::sort(starts.begin(), starts.end());
+  for (InferredReservation& r : layout.initial) {
+    const auto next = std::upper_bound(starts.begin(), starts.end(), r.base);
+    if (next == starts.end() || *next - r.base >= r.bytes) continue;
+    const std::uint64_t page =
+        r.is_large ? recorded.large_segment_size : recorded.small_segment_size;
+    std::uint64_t mapped_end = r.base;
+    for (const std::size_t i : r.mapped) {
+      const trace::RecordedSegment& s = trace.recorded.initial_segments[i];
+      mapped_end = std::max(mapped_end, s.addr + s.size);
+    }
+    r.bytes = std::max((*next - r.base) / page * page, mapped_end - r.base);
+  }
+}
+
+/// Takes the inferred reservations at their bases and maps the recorded ranges in them.
+void adopt_reservations(const trace::Trace& trace, const ReservationLayout& layout,
+                        WarmStart& policy, SimDevice& device,
+                        const std::function<Stream(std::uint32_t)>& stream_of,
+                        WarmStartResult& result) {
+  for (const InferredReservation& r : layout.initial) {
+    if (device.reserve_at(pointer_to(r.base), static_cast<std::size_t>(r.bytes)) != Status::ok) {
+      throw InvalidArgument(
+          fmt::format("{}: warm start: cannot reserve the expandable segment at {:#x} "
+                      "({} bytes): {}",
+                      trace.source, r.base, r.bytes, device.last_error()));
+    }
+    policy.adopt_reservation(pointer_to(r.base), static_cast<std::size_t>(r.bytes),
+                             stream_of(r.stream), r.is_large);
+    for (const std::size_t i : r.mapped) {
+      const trace::RecordedSegment& s = trace.recorded.initial_segments[i];
+      policy.adopt_mapped(pointer_to(s.addr), static_cast<std::size_t>(s.size));
+      ++result.segments;
+      result.reserved_bytes += s.size;
+    }
+  }
+  if (layout.window_bases.empty()) return;
+  auto queue = std::make_shared<std::deque<std::uintptr_t>>(layout.window_bases.begin(),
+                                                            layout.window_bases.end());
+  device.set_reservation_plan([queue](std::size_t) -> std::uintptr_t {
+    if (queue->empty()) return 0;
+    const std::uintptr_t base = queue->front();
+    queue->pop_front();
+    return base;
+  });
+}
+
+/// Whether the trace shows expandable segments: held when the window opens, or mapped in it.
+bool shows_expandable(const trace::Trace& trace) {
+  const auto& rec = trace.recorded;
+  return std::any_of(rec.initial_segments.begin(), rec.initial_segments.end(),
+                     [](const trace::RecordedSegment& s) { return s.is_expandable; }) ||
+         std::any_of(
+             rec.segment_events.begin(), rec.segment_events.end(),
+             [](const trace::RecordedSegmentEvent& e) { return e.kind == SegmentKind::map; });
+}
+
 }  // namespace
+
+ReservationLayout infer_reservations(const trace::Trace& trace,
+                                     const std::function<std::uint64_t(bool)>& bytes_of) {
+  const Config recorded = recorded_config(trace);
+  const std::uint64_t small_page = recorded.small_segment_size;
+  ReservationLayout layout;
+  layout.initial = group_initial(trace, bytes_of, small_page);
+  layout.window_bases = window_reservations(trace, layout.initial, bytes_of, small_page);
+  clip_reservations(trace, layout, recorded);
+  return layout;
+}
 
 Config recorded_config(const trace::Trace& trace) {
   Config config;
@@ -230,7 +389,16 @@ WarmStartResult apply_warm_start(const trace::Trace& trace, WarmStart& policy, S
     return streams[index];
   };
   WarmStartResult result;
+  // Expandable segments go into their reservations when the policy has them too.
+  const bool expandable = shows_expandable(trace);
+  const bool reservations = expandable && policy.expandable_reservation_bytes(true) > 0;
+  if (expandable && !reservations) {
+    result.note =
+        "the recording used expandable segments and this policy maps no pages: PyTorch's mapped "
+        "ranges start as fixed segments (torch:expandable_segments:True reproduces them)";
+  }
   for (const trace::RecordedSegment& segment : trace.recorded.initial_segments) {
+    if (reservations && segment.is_expandable) continue;
     void* ptr = pointer_to(segment.addr);
     const auto bytes = static_cast<std::size_t>(segment.size);
     if (device.allocate_at(ptr, bytes) != Status::ok) {
@@ -242,6 +410,11 @@ WarmStartResult apply_warm_start(const trace::Trace& trace, WarmStart& policy, S
     policy.adopt_segment(ptr, bytes, stream_of(segment.stream), segment.is_large);
     ++result.segments;
     result.reserved_bytes += segment.size;
+  }
+  if (reservations) {
+    const ReservationLayout layout = infer_reservations(
+        trace, [&policy](bool is_large) { return policy.expandable_reservation_bytes(is_large); });
+    adopt_reservations(trace, layout, policy, device, stream_of, result);
   }
   result.block_sizes = infer_live_block_sizes(trace, recorded_config(trace));
   for (std::size_t i = 0; i < trace.live_before.size(); ++i) {

@@ -20,6 +20,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,6 +44,23 @@ class WarmStart {
   /// allocated it itself (it counts in reserved bytes and may be returned to the device).
   virtual void adopt_segment(void* ptr, std::size_t bytes, Stream stream, bool is_large) = 0;
 
+  /// The bytes of address space the policy reserves for one expandable segment of the large
+  /// pool (`is_large`) or the small one; 0 when it uses no expandable segments (a warm start then
+  /// takes a recorded expandable segment's mapped ranges as fixed segments, `adopt_segment`).
+  virtual std::size_t expandable_reservation_bytes(bool is_large) = 0;
+
+  /// Takes [base, base + bytes), already reserved on the allocator's device (with
+  /// `SimDevice::reserve_at`), as an expandable segment of `stream`'s large or small pool with
+  /// no pages mapped. Throws `InvalidArgument` if the policy uses no expandable segments or the
+  /// size is not a whole number of its pages.
+  virtual void adopt_reservation(void* base, std::size_t bytes, Stream stream, bool is_large) = 0;
+
+  /// Maps pages over [ptr, ptr + bytes), unmapped space of an adopted reservation, as cached free
+  /// memory: the recording allocator's mapped range. Its device calls are the warm start's (the
+  /// replay does not count them). Throws `InvalidArgument` if the range is not whole pages of
+  /// unmapped space of an adopted reservation.
+  virtual void adopt_mapped(void* ptr, std::size_t bytes) = 0;
+
   /// Allocates, at exactly `ptr`, a block of `block_size` bytes serving a request of
   /// `requested` bytes on `stream`, carved out of the free memory of an adopted segment. The
   /// free block around it is split into the free block before it, the block, and the free
@@ -63,6 +82,9 @@ struct WarmStartResult {
   std::vector<std::size_t> block_sizes;
   std::size_t segments = 0;          ///< segments adopted
   std::uint64_t reserved_bytes = 0;  ///< bytes of the adopted segments
+  /// Why the start differs from the recording allocator's, if it does (empty otherwise): the
+  /// trace shows expandable segments and the policy maps no pages.
+  std::string note;
 };
 
 /// The block size the recording allocator held for each block of `trace.live_before` (same
@@ -89,10 +111,43 @@ std::vector<std::size_t> infer_live_block_sizes(const trace::Trace& trace,
 /// snapshot does not say.
 Config recorded_config(const trace::Trace& trace);
 
+/// One address reservation of an expandable segment, as a warm start infers it.
+struct InferredReservation {
+  std::uint32_t stream = 0;  ///< trace stream index
+  bool is_large = true;
+  std::uint64_t base = 0;
+  std::uint64_t bytes = 0;
+  /// Indices into `trace.recorded.initial_segments`: the mapped ranges inside it.
+  std::vector<std::size_t> mapped;
+};
+
+/// Where the recording allocator's expandable segments lie, which a snapshot does not record.
+struct ReservationLayout {
+  std::vector<InferredReservation> initial;  ///< held when the window opens, by base
+  /// Bases of the reservations the window makes, in order: the first page each maps is at its
+  /// base (PyTorch maps the lowest hole first, and a new reservation is all hole).
+  std::vector<std::uint64_t> window_bases;
+};
+
+/// PyTorch's layout of expandable segments, inferred from a snapshot: one reservation per
+/// (stream, pool) of `bytes_of(is_large)` bytes (the policy's size: PyTorch's is 1.125 x the
+/// device's memory). A reservation begins at the lowest address mapped in it, before or during
+/// the window: the pages below were never mapped, so PyTorch's choices never depended on them.
+/// A map event's pool is its reservation's, or for a new reservation its size's (the small pool
+/// maps one 2 MiB page at a time). A reservation is cut short where the next recorded range
+/// begins (the replay's device may be larger than the recording one), and is taken to be
+/// released when the window unmaps its last page (PyTorch then returns the address range).
+ReservationLayout infer_reservations(const trace::Trace& trace,
+                                     const std::function<std::uint64_t(bool)>& bytes_of);
+
 /// Builds the warm start of `trace` on `device` through `policy`, which must be a fresh
 /// allocator over `device`:
 ///  1. every `trace.recorded.initial_segments` is taken at its recorded address with
-///     `device.allocate_at` and given to `policy.adopt_segment`;
+///     `device.allocate_at` and given to `policy.adopt_segment`; when the policy uses
+///     expandable segments, the expandable ones are instead mapped into the reservations of
+///     `infer_reservations` (`device.reserve_at`, `policy.adopt_reservation`,
+///     `policy.adopt_mapped`), and `device.set_reservation_plan` gives the window's new
+///     reservations their recorded bases;
 ///  2. every `trace.live_before` block is placed at its recorded address with the size from
 ///     `infer_live_block_sizes` (`policy.place_block`);
 ///  3. `device.set_address_plan` makes the k-th new segment of a given size take the address

@@ -159,7 +159,8 @@ struct SimDevice::State {
   std::size_t reservations = 0;
   std::size_t used = 0;
   std::size_t peak = 0;
-  std::function<std::uintptr_t(std::size_t)> address_plan;  // preferred segment addresses
+  std::function<std::uintptr_t(std::size_t)> address_plan;      // preferred segment addresses
+  std::function<std::uintptr_t(std::size_t)> reservation_plan;  // preferred reservation bases
   std::map<std::uintptr_t, Page> pages;  // shared granules of packed small allocations
 
   // --- the virtual clock. A stream's `done_at` is when all work submitted to it completes; an
@@ -463,14 +464,54 @@ struct SimDevice::State {
                       "granularity ({})",
                       alignment, format_bytes(options.granularity)));
     }
-    const auto address = find_free_address(bytes, alignment);
+    auto address = planned_reservation(bytes, alignment);
+    if (!address) address = find_free_address(bytes, alignment);
     if (!address) {
       return fail(Status::out_of_memory,
                   fmt::format("reserve({}): out of address space", format_bytes(bytes)));
     }
-    ranges.emplace(*address, AddressRange{*address + bytes, AddressRange::Kind::reservation, 0});
-    ++reservations;
+    add_reservation(*address, bytes);
     *va = pointer_to(*address);
+    return Status::ok;
+  }
+
+  // The address the reservation plan prefers for a range, if it has one and it is usable.
+  std::optional<std::uintptr_t> planned_reservation(std::size_t bytes,
+                                                    std::size_t alignment) const {
+    if (!reservation_plan) return std::nullopt;
+    const std::uintptr_t address = reservation_plan(bytes);
+    if (address == 0 || address % alignment != 0 ||
+        bytes > std::numeric_limits<std::uintptr_t>::max() - address ||
+        overlaps(ranges, address, address + bytes)) {
+      return std::nullopt;
+    }
+    return address;
+  }
+
+  void add_reservation(std::uintptr_t address, std::size_t bytes) {
+    ranges.emplace(address, AddressRange{address + bytes, AddressRange::Kind::reservation, 0});
+    ++reservations;
+  }
+
+  Status reserve_at(void* ptr, std::size_t bytes) {
+    if (!options.virtual_memory) return unsupported(DeviceOp::reserve);
+    const std::uintptr_t address = address_of(ptr);
+    if (address == 0 || !granule_aligned(address) || bytes == 0 || !granule_aligned(bytes)) {
+      return invalid(
+          fmt::format("reserve_at({:#x}, {}): the address and size must be non-zero multiples "
+                      "of the granularity ({})",
+                      address, format_bytes(bytes), format_bytes(options.granularity)));
+    }
+    if (bytes > std::numeric_limits<std::uintptr_t>::max() - address) {
+      return invalid(fmt::format("reserve_at({:#x}, {}): the range wraps around", address,
+                                 format_bytes(bytes)));
+    }
+    if (overlaps(ranges, address, address + bytes)) {
+      return invalid(
+          fmt::format("reserve_at({:#x}, {}): the range overlaps a live segment or reservation",
+                      address, format_bytes(bytes)));
+    }
+    add_reservation(address, bytes);
     return Status::ok;
   }
 
@@ -814,6 +855,21 @@ Status SimDevice::synchronize_device() noexcept {
 void SimDevice::set_address_plan(std::function<std::uintptr_t(std::size_t bytes)> plan) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->address_plan = std::move(plan);
+}
+
+void SimDevice::set_reservation_plan(std::function<std::uintptr_t(std::size_t bytes)> plan) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->reservation_plan = std::move(plan);
+}
+
+Status SimDevice::reserve_at(void* address, std::size_t bytes) noexcept {
+  // Not a contract call, as allocate_at.
+  try {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->reserve_at(address, bytes);
+  } catch (const std::exception& error) {
+    return state_->fail_without_throwing(DeviceOp::reserve, error.what());
+  }
 }
 
 Status SimDevice::allocate_at(void* address, std::size_t bytes) noexcept {

@@ -71,6 +71,23 @@ void write_segment(PickleWriter& w, const SegmentInfo& segment) {
   w.end_dict();
 }
 
+/// An entry's `frames`: none, or for a reclaim's unmap the frame that says so.
+void write_frames(PickleWriter& w, const HistoryEntry& entry) {
+  key(w, "frames");
+  w.begin_list();
+  if (entry.reclaim) {
+    w.begin_dict();
+    key(w, "filename");
+    w.string("cistern");
+    key(w, "line");
+    w.integer(0);
+    key(w, "name");
+    w.string(kReclaimFrame);
+    w.end_dict();
+  }
+  w.end_list();
+}
+
 void write_entry(PickleWriter& w, const HistoryEntry& entry) {
   w.begin_dict();
   key(w, "action");
@@ -84,7 +101,7 @@ void write_entry(PickleWriter& w, const HistoryEntry& entry) {
   w.unsigned_integer(entry.stream.handle);
   key(w, "time_us");
   w.unsigned_integer(entry.time_us);
-  empty_list(w, "frames");
+  write_frames(w, entry);
   key(w, "compile_context");
   w.string("N/A");
   w.end_dict();

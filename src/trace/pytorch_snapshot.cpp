@@ -10,10 +10,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
 #include "cistern/errors.hpp"
+#include "cistern/history.hpp"
 #include "trace/address_lifetimes.hpp"
 #include "trace/pickle.hpp"
 #include "trace/pytorch_segments.hpp"
@@ -271,12 +274,26 @@ class WindowReader {
     segment.size = at.size(event, "size");
     segment.stream = streams_.index(at.stream(event));
     segment.time = time(event, at, position);
-    const bool releases = segment.kind == Kind::free || segment.kind == Kind::unmap;
+    // A reclaim's unmap (cistern's own, marked by its writer) gives nothing back to the device.
+    const bool releases =
+        segment.kind == Kind::free || (segment.kind == Kind::unmap && !is_reclaim(event));
     if (releases && !in_release_) open_release(segment.time);
     in_release_ = releases;
     segment.before_event = trace_.events.size();
     trace_.recorded.segment_events.push_back(segment);
     segment_positions_.push_back(position);
+  }
+
+  /// Whether a segment_unmap carries cistern's reclaim frame (HistoryEntry::reclaim).
+  static bool is_reclaim(Value event) {
+    const std::optional<Value> frames = event.find("frames");
+    if (!frames || !frames->is_list()) return false;
+    for (const Value frame : *frames) {
+      if (!frame.is_dict()) continue;
+      const std::optional<Value> name = frame.find("name");
+      if (name && name->is_string() && name->as_string() == kReclaimFrame) return true;
+    }
+    return false;
   }
 
   /// PyTorch returns cached memory to the device only in `release_cached_blocks` (the program's
@@ -430,6 +447,33 @@ bool releases_partially(const Recorded& recorded) {
   return split_set || gc_set;
 }
 
+/// The address of the first segment_map of the window that lies more than 1.125 x 80 GiB (the
+/// reservation of the largest common device) beyond the expandable ranges its stream and pool
+/// hold or have mapped: the sign of a second reservation. None when there is no such map.
+std::optional<std::uint64_t> second_reservation(const Recorded& recorded) {
+  constexpr std::uint64_t reach = (std::uint64_t{80} << 30) / 8 * 9;
+  using Key = std::pair<std::uint32_t, bool>;
+  std::map<Key, std::pair<std::uint64_t, std::uint64_t>> spans;  // lowest and highest address
+  const auto widen = [&](const Key& key, std::uint64_t lo, std::uint64_t hi) {
+    const auto [it, added] = spans.emplace(key, std::make_pair(lo, hi));
+    if (!added) it->second = {std::min(it->second.first, lo), std::max(it->second.second, hi)};
+  };
+  for (const RecordedSegment& s : recorded.initial_segments) {
+    if (s.is_expandable) widen({s.stream, s.is_large}, s.addr, s.addr + s.size);
+  }
+  for (const RecordedSegmentEvent& e : recorded.segment_events) {
+    if (e.kind != RecordedSegmentEvent::Kind::map) continue;
+    const Key key{e.stream, e.size != small_segment_bytes};
+    const auto it = spans.find(key);
+    if (it != spans.end() &&
+        (e.addr + e.size > it->second.first + reach || e.addr + reach < it->second.second)) {
+      return e.addr;
+    }
+    widen(key, e.addr, e.addr + e.size);
+  }
+  return std::nullopt;
+}
+
 /// `Recorded::notes`: what a replay of this window cannot reproduce exactly, and why.
 void add_notes(Trace& trace, const std::vector<std::size_t>& releases, std::size_t entries) {
   Recorded& recorded = trace.recorded;
@@ -451,16 +495,17 @@ void add_notes(Trace& trace, const std::vector<std::size_t>& releases, std::size
         "garbage_collection_threshold set PyTorch may have released only part of its cache there",
         releases.size(), releases.front()));
   }
-  const bool expandable =
-      setting(recorded, "expandable_segments") == "True" ||
-      std::any_of(recorded.initial_segments.begin(), recorded.initial_segments.end(),
-                  [](const RecordedSegment& s) { return s.is_expandable; });
-  if (expandable) {
-    recorded.notes.emplace_back(
-        "expandable segments: the snapshot does not record where each reservation begins, so a "
-        "warm start takes the mapped ranges held when the window opened as fixed segments and "
-        "maps new pages in new reservations: addresses and segment_map events differ from "
-        "PyTorch's (replay with --start cold to compare configurations)");
+  // Expandable segments are reproduced (the warm start infers each reservation's base, see
+  // replay/warm_start.hpp) unless a window reserves a second range for a stream and pool that
+  // still holds one: PyTorch's first was full, and how far it reached depends on the recording
+  // device's memory, which the snapshot does not give.
+  if (const std::optional<std::uint64_t> at = second_reservation(recorded)) {
+    recorded.notes.push_back(fmt::format(
+        "expandable segments: the window maps at {:#x}, far from the reservation its stream and "
+        "pool hold (PyTorch's reservations span 1.125 x the device's memory, which the snapshot "
+        "does not give): the replay's reservations, sized by its own device, may map there "
+        "differently",
+        *at));
   }
   if (!recorded.ooms.empty()) {
     recorded.notes.push_back(fmt::format(

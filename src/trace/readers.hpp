@@ -21,7 +21,9 @@
 //   `allocator_settings` as text, `oom` events. A segment freed in the window is not in the final
 //   `segments`, so its pool is inferred from its size: PyTorch's small pool only ever allocates
 //   2 MiB segments (kSmallBuffer) and its large pool never does (20 MiB, or >= 10 MiB rounded to
-//   2 MiB), so `size <= 2 MiB` means small.
+//   2 MiB), so `size <= 2 MiB` means small. A run of `segment_free` / `segment_unmap` with no
+//   allocation between is an `empty_cache` event at its place, except an unmap whose frames name
+//   `kReclaimFrame` (cistern's engine unmapping on its own account, cistern/history.hpp).
 // - Lifetime list (CSV `id,lower,upper,size`, lifetime `[lower, upper)`): frees before
 //   allocations at equal steps, otherwise file order; `time` is the step; sizes times
 //   `ReadOptions::scale`. Ids in the file may be any distinct words.
