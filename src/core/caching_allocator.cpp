@@ -54,6 +54,11 @@ AllPoolsLock::~AllPoolsLock() {
 CachingAllocator::Impl::Impl(Device& device, Config config)
     : device_(device), config_(std::move(config)), policy_(config_), events_(device) {
   config_.validate();
+  if (config_.pass_through) {
+    throw InvalidArgument(
+        "cistern: CachingAllocator always caches; pass_through:True (CISTERN_NO_CACHING=1) is "
+        "served by PassThroughAllocator - make_allocator(device, config) picks it");
+  }
   MemoryInfo info;
   if (device_.memory_info(&info) == Status::ok) device_total_ = info.total;
   update_allowed();
@@ -68,7 +73,7 @@ CachingAllocator::Impl::Impl(Device& device, Config config)
   // back to classic segments where the device cannot map pages.
   const bool wanted = config_.vmm == Config::Vmm::on || (config_.vmm == Config::Vmm::automatic) ||
                       config_.expandable_segments;
-  vmm_ = supported && wanted && config_.vmm != Config::Vmm::off && !config_.pass_through;
+  vmm_ = supported && wanted && config_.vmm != Config::Vmm::off;
   page_size_ = device_.granularity();
   trims_ = vmm_ && config_.release_threshold != SIZE_MAX;
 }
@@ -149,7 +154,7 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
   StreamPool& pool = pool_for(stream);
   const std::size_t size = policy_.round(bytes);
   const bool small = policy_.is_small(size);
-  if (!config_.pass_through) {
+  {
     std::lock_guard<detail::SpinLock> lock(pool.mutex);
     if (pool.has_pending()) pool.process_events(device_);
     if (small) {
@@ -168,7 +173,6 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
                                             bool small) {
   std::lock_guard<std::mutex> global(mutex_);
   std::lock_guard<detail::SpinLock> lock(pool.mutex);
-  if (config_.pass_through) return allocate_pass_through(pool, size, bytes, small);
   if (pool.has_pending()) pool.process_events(device_);
   if (small) {
     if (void* p = pool.take_parked(size, bytes)) return p;  // freed meanwhile
@@ -199,18 +203,6 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   throw_out_of_memory(pool, bytes, size, segment, small);
 }
 
-void* CachingAllocator::Impl::allocate_pass_through(StreamPool& pool, std::size_t size,
-                                                    std::size_t bytes, bool small) {
-  Block* b = new_segment(pool, size, small);
-  if (b == nullptr) {
-    ++num_alloc_retries_;
-    release_cache(&pool);
-    b = new_segment(pool, size, small);
-  }
-  if (b == nullptr) throw_out_of_memory(pool, bytes, size, size, small);
-  return pool.take(b, size, bytes);
-}
-
 // --- deallocate -----------------------------------------------------------------------------------------
 
 // Pool lock held; `b` extracted from the pointer map. Caches the block at once unless another
@@ -238,23 +230,20 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   bool freed = false;
-  if (!config_.pass_through) {
-    if (StreamPool* pool = pools_.find(stream)) {  // the common case: freed on its own stream
-      std::lock_guard<detail::SpinLock> lock(pool->mutex);
-      if (Block* b = pool->extract_allocated(addr)) {
-        free_block(*pool, b, stream);
-        freed = true;
-      }
+  if (StreamPool* pool = pools_.find(stream)) {  // the common case: freed on its own stream
+    std::lock_guard<detail::SpinLock> lock(pool->mutex);
+    if (Block* b = pool->extract_allocated(addr)) {
+      free_block(*pool, b, stream);
+      freed = true;
     }
-    // Another stream's block (the pointer map names its owner), or misuse.
-    if (!freed) {
-      if (StreamPool* pool = lock_owner(addr).first) {
-        std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
-        if (Block* b = pool->extract_allocated(addr)) {
-          free_block(*pool, b, stream);
-          freed = true;
-        }
-      }
+  }
+  // Another stream's block (the pointer map names its owner), or misuse.
+  if (!freed) {
+    auto [pool, b] = extract_with_owner(addr);
+    if (pool != nullptr) {
+      std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+      free_block(*pool, b, stream);
+      freed = true;
     }
   }
   if (!freed) deallocate_slow(addr, stream);
@@ -275,7 +264,21 @@ std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_owner(std::uintptr_t
   }
 }
 
-// Pass-through frees, and misuse.
+std::pair<StreamPool*, Block*> CachingAllocator::Impl::extract_with_owner(std::uintptr_t addr) {
+  for (;;) {
+    const Block* b = blocks_.find(addr);
+    if (b == nullptr) return {nullptr, nullptr};
+    StreamPool* pool = b->segment->owner;
+    pool->mutex.lock();
+    // Under the owner's lock the block cannot change pools; the extraction checks the owner
+    // again in the same probe (another thread may have freed the block meanwhile).
+    if (Block* got = pool->extract_allocated(addr)) return {pool, got};
+    pool->mutex.unlock();
+  }
+}
+
+// Misuse, or a block freed by another thread while this one looked for it: under the global
+// lock, free it if it is still allocated, else say what the pointer is.
 void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream) {
   std::lock_guard<std::mutex> global(mutex_);
   StreamPool* pool = lock_owner(addr).first;
@@ -285,19 +288,7 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
     throw_invalid_pointer(addr, "deallocate");
   }
   std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
-  if (!config_.pass_through) {
-    free_block(*pool, b, stream);
-    return;
-  }
-  // Pass-through: the device free synchronises, so no event is needed for other users.
-  record(HistoryEntry::Action::free_requested, addr, b->requested, stream);
-  record(HistoryEntry::Action::free_completed, addr, b->requested, stream);
-  pool->release(b);
-  if (!release_segment(*pool, b)) {
-    throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
-                                                "(it stays cached): {}",
-                                                addr, last_release_error_));
-  }
+  free_block(*pool, b, stream);
 }
 
 // Pool lock held; `b` extracted. Records an event on every other stream that used the block (and

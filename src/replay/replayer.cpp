@@ -68,7 +68,7 @@ Replayer::Replayer(const trace::Trace& trace, const Plan& plan, const Policy& po
   auto* planned = dynamic_cast<plan::PlannedAllocator*>(allocator_.get());
   if (planned != nullptr && trace.format == "lifetimes") planned->plan_ahead(trace);
   if (options.check_invariants) {
-    checked_ = dynamic_cast<const CachingAllocator*>(allocator_.get());
+    checked_ = dynamic_cast<const DeviceAllocator*>(allocator_.get());
     checked_torch_ = dynamic_cast<const TorchAllocator*>(allocator_.get());
   }
 }

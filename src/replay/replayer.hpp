@@ -149,8 +149,8 @@ class Replayer {
   Rig rig_;
   MeteredDevice meter_;
   LoopHooks* hooks_;
-  std::unique_ptr<Allocator> allocator_;       // destroyed before the devices
-  const CachingAllocator* checked_ = nullptr;  // check() after every event, when asked
+  std::unique_ptr<Allocator> allocator_;      // destroyed before the devices
+  const DeviceAllocator* checked_ = nullptr;  // check() after every event, when asked
   const TorchAllocator* checked_torch_ = nullptr;
   std::vector<void*> pointers_;  // by slot; nullptr: not allocated (or failed)
   bool warm_ = false;
