@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "debug_assert.hpp"
+#include "hot.hpp"
 #include "ptr_map.hpp"
 #include "spin_lock.hpp"
 
@@ -23,7 +24,7 @@ namespace cistern::detail {
 class BlockMap {
  public:
   /// Adds `addr -> block`; the address must not be present.
-  void insert(std::uintptr_t addr, Block* block) {
+  CISTERN_HOT void insert(std::uintptr_t addr, Block* block) {
     Shard& s = shard(addr);
     std::lock_guard<SpinLock> lock(s.mutex);
     CISTERN_ASSERT_INTERNAL(addr == block->addr && s.map.find(addr) == nullptr);
@@ -37,7 +38,7 @@ class BlockMap {
   }
   /// Removes `addr` if its block belongs to a segment of `owner`, and returns the block; nullptr
   /// (and nothing removed) otherwise.
-  Block* extract_owned(std::uintptr_t addr, const StreamPool* owner) noexcept {
+  CISTERN_HOT Block* extract_owned(std::uintptr_t addr, const StreamPool* owner) noexcept {
     Shard& s = shard(addr);
     std::lock_guard<SpinLock> lock(s.mutex);
     return s.map.extract_if(addr, [owner](const Block* b) { return b->segment->owner == owner; });

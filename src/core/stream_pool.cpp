@@ -79,87 +79,11 @@ void StreamPool::unindex(Block* b) noexcept {
   unlist(b);
 }
 
-void StreamPool::list(Block* b) noexcept {
-  const bool small = !b->segment->large;
-  b->gc_base = lookups_[small ? 0 : 1];
-  if (!b->is_whole_segment()) {
-    count_split(b, small);
-    return;
-  }
-  Block*& head = whole_[small ? 0 : 1];
-  b->whole_prev = nullptr;
-  b->whole_next = head;
-  if (head != nullptr) head->whole_prev = b;
-  head = b;
-}
-
-void StreamPool::unlist(Block* b) noexcept {
-  const bool small = !b->segment->large;
-  if (b->counted_split) {
-    uncount_split(b, small);
-    return;
-  }
-  Block*& head = whole_[small ? 0 : 1];
-  if (b->whole_prev != nullptr) b->whole_prev->whole_next = b->whole_next;
-  else head = b->whole_next;
-  if (b->whole_next != nullptr) b->whole_next->whole_prev = b->whole_prev;
-  b->whole_prev = b->whole_next = nullptr;
-}
-
-// Cuts the indexed free block `b` to `size` and takes it out of the index; the rest becomes a
-// new free block right after it, indexed in b's place (BlockIndex::replace: usually no search).
-void StreamPool::split(Block* b, std::size_t size) {
-  Block* rest = arena_.make();
-  rest->addr = b->addr + size;
-  rest->size = b->size - size;
-  rest->segment = b->segment;
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  unlist(b);
-  index(!b->segment->large).replace(b, rest);  // b still has its old size (its index key)
-  b->size = size;
-  list(rest);
-}
-
 // Merges the free neighbour `gone` into `into` (both in the same segment, adjacent).
 void StreamPool::absorb(Block* into, Block* gone) noexcept {
   unindex(gone);
   join(into, gone);
   arena_.recycle(gone);
-}
-
-// The block list and sizes of absorb; leaves `gone` itself (its index key) untouched.
-void StreamPool::join(Block* into, Block* gone) noexcept {
-  if (gone->addr < into->addr) {
-    into->addr = gone->addr;
-    into->prev = gone->prev;
-    if (into->prev != nullptr) into->prev->next = into;
-    else into->segment->head = into;
-  } else {
-    into->next = gone->next;
-    if (into->next != nullptr) into->next->prev = into;
-  }
-  into->size += gone->size;
-}
-
-void StreamPool::coalesce(Block* b) noexcept {
-  Block* prev = b->prev != nullptr && b->prev->is_free() ? b->prev : nullptr;
-  Block* next = b->next != nullptr && b->next->is_free() ? b->next : nullptr;
-  if ((prev == nullptr) == (next == nullptr)) {  // no free neighbour, or two
-    if (prev != nullptr) absorb(b, prev);
-    if (next != nullptr) absorb(b, next);
-    index_block(b);
-    return;
-  }
-  // One free neighbour (the common case): the merged block takes its place in the index.
-  Block* gone = prev != nullptr ? prev : next;
-  unlist(gone);
-  join(b, gone);
-  index(!b->segment->large).replace(gone, b);
-  arena_.recycle(gone);
-  list(b);
 }
 
 void StreamPool::flush_parked() noexcept {
