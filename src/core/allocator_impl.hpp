@@ -134,6 +134,7 @@ class CachingAllocator::Impl {
   std::pair<detail::StreamPool*, detail::Block*> extract_with_owner(std::uintptr_t addr);
   void free_block(detail::StreamPool& pool, detail::Block* b, Stream stream);
   bool free_with_uses(detail::StreamPool& pool, detail::Block* b, Stream stream);
+  bool free_after_one_stream(detail::StreamPool& pool, detail::Block* b, Stream stream);
   [[noreturn]] void throw_invalid_pointer(std::uintptr_t addr, const char* what) const;
   [[noreturn]] void throw_out_of_memory(detail::StreamPool& pool, std::size_t bytes,
                                         std::size_t size, std::size_t segment, bool small);

@@ -218,7 +218,9 @@ CISTERN_HOT void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, 
   }
   const std::uintptr_t addr = b->addr;
   const std::size_t requested = b->requested;
-  if (free_with_uses(pool, b, stream)) {
+  // Freed on another stream, used by none: usually one event (free_after_one_stream).
+  if ((b->stream_uses.empty() && free_after_one_stream(pool, b, stream)) ||
+      free_with_uses(pool, b, stream)) {
     record(HistoryEntry::Action::free_requested, addr, requested, stream);
   } else {
     record(HistoryEntry::Action::free_requested, addr, requested, stream);
@@ -331,6 +333,22 @@ bool CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream s
   }
   pool.end_allocation(b);
   pool.make_pending(b, recorded, streams);
+  return true;
+}
+
+// Pool lock held; `b` extracted, used by no stream but its own, freed on `stream` (another one):
+// the common cross-stream free. With a spare event of the pool it records that one event and
+// makes the block pending, with no scratch list and no lock; true if it did. Otherwise (no spare
+// event, or the record failed) nothing has changed and free_with_uses takes the general path.
+bool CachingAllocator::Impl::free_after_one_stream(StreamPool& pool, Block* b, Stream stream) {
+  Event event;
+  if (!pool.take_spare_event(&event)) return false;
+  if (device_.record_event(event, stream) != Status::ok) {
+    events_.release(event);  // the general path reports or works around the failure
+    return false;
+  }
+  pool.end_allocation(b);
+  pool.make_pending(b, event, stream);
   return true;
 }
 

@@ -121,20 +121,31 @@ bool StreamPool::is_parked_here(const Block* b) const noexcept {
 
 void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
                               const std::vector<Stream>& streams) {
+  begin_pending(b, events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) enqueue(b, events[i], streams[i]);
+}
+
+void StreamPool::make_pending(Block* b, Event event, Stream stream) {
+  begin_pending(b, 1);
+  enqueue(b, event, stream);
+}
+
+void StreamPool::begin_pending(Block* b, std::size_t events) noexcept {
   b->state = BlockState::pending;
-  b->pending_events = static_cast<std::uint32_t>(events.size());
+  b->pending_events = static_cast<std::uint32_t>(events);
   stats_.begin_pending(!b->segment->large, static_cast<std::int64_t>(b->size),
                        static_cast<std::int64_t>(b->requested));
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    auto queue = std::find_if(pending_.begin(), pending_.end(),
-                              [&](const PendingQueue& q) { return q.stream == streams[i]; });
-    if (queue == pending_.end()) {
-      pending_.push_back(PendingQueue{streams[i], {}});
-      queue = pending_.end() - 1;
-    }
-    queue->entries.push_back(PendingFree{events[i], b});
-    ++pending_count_;
+}
+
+void StreamPool::enqueue(Block* b, Event event, Stream stream) {
+  auto queue = std::find_if(pending_.begin(), pending_.end(),
+                            [stream](const PendingQueue& q) { return q.stream == stream; });
+  if (queue == pending_.end()) {
+    pending_.push_back(PendingQueue{stream, {}});
+    queue = pending_.end() - 1;
   }
+  queue->entries.push_back(PendingFree{event, b});
+  ++pending_count_;
 }
 
 void StreamPool::process_events(Device& device) {

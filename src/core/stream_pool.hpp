@@ -196,6 +196,8 @@ class StreamPool {
 
   /// Makes an ended allocation wait for `events` (recorded on `streams`, same order).
   void make_pending(Block* b, const std::vector<Event>& events, const std::vector<Stream>& streams);
+  /// The same for one event recorded on one stream (a free on another stream, nothing recorded).
+  void make_pending(Block* b, Event event, Stream stream);
   /// Whether any free is pending.
   bool has_pending() const noexcept { return pending_count_ != 0; }
   /// Caches every pending block whose events have completed; their events become this pool's
@@ -334,6 +336,10 @@ class StreamPool {
     stats_.dec(StatKind::inactive_split, small, 1);
     stats_.dec(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size));
   }
+
+  // Pending bookkeeping: the block's state and statistics, and one entry of a stream's queue.
+  void begin_pending(Block* b, std::size_t events) noexcept;
+  void enqueue(Block* b, Event event, Stream stream);
 
   // Index bookkeeping: the block index, the whole-segment list and inactive_split.
   void index_block(Block* b) noexcept;
