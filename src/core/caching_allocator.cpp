@@ -15,6 +15,29 @@ namespace cistern {
 using detail::Block;
 using detail::StreamPool;
 
+namespace {
+
+// Whether every page under [lo, hi) of an expandable segment is mapped.
+bool pages_mapped(const detail::Segment& seg, std::uintptr_t lo, std::uintptr_t hi) noexcept {
+  for (std::size_t i = (lo - seg.base) / seg.page_size; seg.base + i * seg.page_size < hi; ++i) {
+    if (seg.pages[i] == detail::Segment::kNoPage) return false;
+  }
+  return true;
+}
+
+// Whether the cached block `b` can serve `size` without mapping a page: always in a classic
+// segment; in an expandable one, when the pages under the part handed out (the block, or its
+// first `size` bytes when it is split: map_for's range) are all mapped. The pages of the rest of
+// the segment do not matter, so the engine adds nothing to a hit on mapped memory.
+CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
+                            bool small) noexcept {
+  if (b.segment->unmapped_pages == 0) return true;
+  const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
+  return pages_mapped(*b.segment, b.addr, b.addr + used);
+}
+
+}  // namespace
+
 // --- PoolTable ----------------------------------------------------------------------------------------
 
 void PoolTable::add(std::unique_ptr<StreamPool> pool) {
@@ -160,9 +183,9 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
     if (small) {
       if (void* p = pool.take_parked(size, bytes)) return p;
     }
-    // A block of an expandable segment with pages missing is mapped on the slow path.
+    // A block with pages missing is mapped on the slow path.
     Block* b = pool.find(size, small);
-    if (b != nullptr && b->segment->unmapped_pages == 0) return pool.take(b, size, bytes);
+    if (b != nullptr && mapped_for(policy_, *b, size, small)) return pool.take(b, size, bytes);
   }
   return allocate_slow(pool, size, bytes, small);
 }
