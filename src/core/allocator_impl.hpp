@@ -133,6 +133,7 @@ class CachingAllocator::Impl {
   /// probe fewer.
   std::pair<detail::StreamPool*, detail::Block*> extract_with_owner(std::uintptr_t addr);
   void free_block(detail::StreamPool& pool, detail::Block* b, Stream stream);
+  void free_with_events(detail::StreamPool& pool, detail::Block* b, Stream stream);
   bool free_with_uses(detail::StreamPool& pool, detail::Block* b, Stream stream);
   bool free_after_one_stream(detail::StreamPool& pool, detail::Block* b, Stream stream);
   [[noreturn]] void throw_invalid_pointer(std::uintptr_t addr, const char* what) const;

@@ -25,6 +25,14 @@ bool pages_mapped(const detail::Segment& seg, std::uintptr_t lo, std::uintptr_t 
   return true;
 }
 
+// mapped_for's test of an expandable segment with unmapped pages, out of line so that the
+// test of a fully mapped segment stays short.
+__attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, const Block& b,
+                                           std::size_t size, bool small) noexcept {
+  const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
+  return pages_mapped(*b.segment, b.addr, b.addr + used);
+}
+
 // Whether the cached block `b` can serve `size` without mapping a page: always in a classic
 // segment; in an expandable one, when the pages under the part handed out (the block, or its
 // first `size` bytes when it is split: map_for's range) are all mapped. The pages of the rest of
@@ -32,8 +40,7 @@ bool pages_mapped(const detail::Segment& seg, std::uintptr_t lo, std::uintptr_t 
 CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
                             bool small) noexcept {
   if (b.segment->unmapped_pages == 0) return true;
-  const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
-  return pages_mapped(*b.segment, b.addr, b.addr + used);
+  return part_mapped(policy, b, size, small);
 }
 
 }  // namespace
@@ -239,6 +246,12 @@ CISTERN_HOT void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, 
     pool.release(b);
     return;
   }
+  free_with_events(pool, b, stream);
+}
+
+// free_block's other case, out of line so that the same-stream free stays short: the block
+// waits for events of other streams (or, if none can be recorded, for those streams now).
+void CachingAllocator::Impl::free_with_events(StreamPool& pool, Block* b, Stream stream) {
   const std::uintptr_t addr = b->addr;
   const std::size_t requested = b->requested;
   // Freed on another stream, used by none: usually one event (free_after_one_stream).
