@@ -35,9 +35,10 @@
 //                                                     --benchmark_out_format=json
 //   bench_hot_path --smoke                       a quick run for CTest
 //   bench_hot_path --callgrind-pairs=N --allocator=cistern|mimalloc|glibc --workload=NAME
-//                                                warm up, then exactly N pairs between callgrind's
+//                  [--cross-stream]              warm up, then exactly N pairs between callgrind's
 //                                                START/STOP_INSTRUMENTATION (run it under
-//                                                valgrind --tool=callgrind --instr-atstart=no)
+//                                                valgrind --tool=callgrind --instr-atstart=no);
+//                                                --cross-stream: cistern frees on a second stream
 #include <benchmark/benchmark.h>
 
 #if __has_include(<valgrind/callgrind.h>)
@@ -241,6 +242,7 @@ struct CountRequest {
   std::uint64_t pairs = 0;
   AllocatorKind kind = AllocatorKind::cistern;
   std::string workload = "mix_small";
+  bool cross_stream = false;  // cistern frees on another stream than it allocates on
 };
 
 /// Warms up, then runs exactly `pairs` pairs inside callgrind's instrumentation window; returns
@@ -277,10 +279,12 @@ int count_pairs(const CountRequest& request) {
   SimDevice device(large_device_options());
   CachingAllocator allocator(device, Config::from_env());
   const Stream stream = device.create_stream();
+  const Stream free_stream = request.cross_stream ? device.create_stream() : stream;
   SlowPaths slow;
   switch (request.kind) {
     case AllocatorKind::cistern:
-      slow = counted_pairs(CisternHeap(allocator, stream), w, request.pairs, allocator);
+      slow =
+          counted_pairs(CisternHeap(allocator, stream, free_stream), w, request.pairs, allocator);
       break;
     case AllocatorKind::mimalloc:
       slow = counted_pairs(MimallocHeap(), w, request.pairs, allocator);
@@ -328,6 +332,8 @@ Options parse_options(int argc, char** argv) {
       options.count.kind = parse_allocator(value);
     } else if (take_value(arg, "--workload", &value)) {
       options.count.workload = value;
+    } else if (arg == "--cross-stream") {
+      options.count.cross_stream = true;
     } else {
       options.benchmark_args.push_back(arg);
     }

@@ -4,6 +4,7 @@
 # Runs the hot-path benchmark and writes everything into one results folder:
 #   hot_path.json         Google Benchmark's JSON (every workload x allocator x threads)
 #   callgrind.json        instructions per pair, from callgrind, for every workload x allocator
+#                         and for cistern's cross-stream free (cross_stream/<workload>/cistern)
 #   callgrind/*.out       the raw callgrind profiles (callgrind_annotate reads them)
 #   cistern_mix_small.annotate.txt   where cistern's instructions go on the small mix
 #   ratios.json           cistern / mimalloc and cistern / glibc (also printed)
@@ -47,15 +48,20 @@ pairs_of() {
   [[ "$1" == mix_* ]] && echo "$pairs_mix" || echo "$pairs_fixed"
 }
 
-# Instructions of exactly $pairs pairs (after the warm-up) of one allocator on one workload.
+# Instructions of exactly $pairs pairs (after the warm-up) of one allocator on one workload;
+# a third argument "cross" frees on a second stream (cistern only: the cross_stream rows).
 # The binary's own line (pairs, cistern's device allocations and takeovers) goes to .txt.
 count_instructions() {
-  local allocator="$1" workload="$2" pairs
+  local allocator="$1" workload="$2" cross="${3:-}" pairs
   pairs="$(pairs_of "$workload")"
-  local out="$results/callgrind/$allocator.$workload.out"
+  local out="$results/callgrind/$allocator.$workload.out" extra=()
+  if [[ "$cross" == cross ]]; then
+    out="$results/callgrind/$allocator.cross_stream.$workload.out"
+    extra=(--cross-stream)
+  fi
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
     "$build/bench/bench_hot_path" --callgrind-pairs="$pairs" --allocator="$allocator" \
-    --workload="$workload" >"$out.txt" 2>"$out.log" || {
+    --workload="$workload" "${extra[@]}" >"$out.txt" 2>"$out.log" || {
     echo "callgrind failed for $allocator/$workload; see $out.log" >&2
     return 1
   }
@@ -65,20 +71,27 @@ count_instructions() {
 
 run_callgrind() {
   mkdir -p "$results/callgrind"
-  local first=1 instructions per_pair line runs=""
+  local first=1 instructions per_pair line runs="" row
   {
     echo "{\"instructions_per_pair\": {"
     for workload in "${workloads[@]}"; do
-      for allocator in "${allocators[@]}"; do
-        instructions="$(count_instructions "$allocator" "$workload")" || continue
+      # Every allocator's pair, then cistern freeing on a second stream (cross_stream rows).
+      for allocator in "${allocators[@]}" cistern.cross_stream; do
+        if [[ "$allocator" == cistern.cross_stream ]]; then
+          instructions="$(count_instructions cistern "$workload" cross)" || continue
+          row="cross_stream/$workload/cistern"
+        else
+          instructions="$(count_instructions "$allocator" "$workload")" || continue
+          row="pair/$workload/$allocator"
+        fi
         [[ $first -eq 1 ]] || echo ","
         [[ $first -eq 1 ]] || runs+=","
         first=0
         per_pair="$(awk -v n="$instructions" -v p="$(pairs_of "$workload")" \
           'BEGIN { printf "%.1f", n / p }')"
-        printf '  "pair/%s/%s": %s' "$workload" "$allocator" "$per_pair"
+        printf '  "%s": %s' "$row" "$per_pair"
         line="$(cat "$results/callgrind/$allocator.$workload.out.txt")"
-        runs+=$'\n  '"\"pair/$workload/$allocator\": $line"
+        runs+=$'\n  '"\"$row\": $line"
       done
     done
     echo ""

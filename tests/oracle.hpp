@@ -1,6 +1,6 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// An oracle for randomized tests of CachingAllocator on a SimDevice, kept entirely outside the
+// An oracle for randomized tests of cistern's allocators on a SimDevice, kept entirely outside the
 // allocator: what is live, what the statistics must say, and - the important part - which
 // memory some stream may still be touching.
 //
@@ -62,7 +62,7 @@ struct FreedRange {
 
 class Oracle {
  public:
-  Oracle(SimDevice& device, CachingAllocator& alloc) : device_(device), alloc_(alloc) {}
+  Oracle(SimDevice& device, DeviceAllocator& alloc) : device_(device), alloc_(alloc) {}
 
   // --- events the driver reports -------------------------------------------------------------------
 
@@ -331,7 +331,7 @@ class Oracle {
   }
 
   SimDevice& device_;
-  CachingAllocator& alloc_;
+  DeviceAllocator& alloc_;
   std::map<std::uintptr_t, LiveAllocation> live_;
   std::multimap<std::uintptr_t, FreedRange> freed_;
   std::size_t longest_freed_ = 0;  // bounds the backward search among freed ranges

@@ -2,9 +2,10 @@
 //
 // The Allocator contract (cistern/allocator.hpp), written once as a GoogleTest typed suite and
 // instantiated for every allocator: CachingAllocator under several option sets (the defaults,
-// parking and exact peaks, a split limit with garbage collection, pass-through) and the torch
-// emulation. Every step is followed by both checkers: the allocator's own `check()` and the
-// interface-level `Allocator::check()` (snapshot against statistics).
+// parking and exact peaks, a split limit with garbage collection), PassThroughAllocator (as
+// make_allocator selects it for pass_through:True) and the torch emulation. Every step is followed
+// by both checkers: the allocator's own `check()` and the interface-level `Allocator::check()`
+// (snapshot against statistics).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
+#include "cistern/pass_through_allocator.hpp"
 #include "cistern/sim_device.hpp"
 #include "replay/torch_allocator.hpp"
 
@@ -37,9 +39,14 @@ constexpr char kClassic[] = "vmm:False";
 constexpr char kEngineTight[] = "memory_limit_mb:256,release_threshold_mb:8";  // reclaim and trims
 constexpr char kParkedExact[] = "park_small_blocks:True,exact_peaks:True";
 constexpr char kSplitLimit[] = "max_split_size_mb:40,garbage_collection_threshold:0.5";
-constexpr char kPassThroughConf[] = "pass_through:True";
-
-struct PassThrough : Caching<kPassThroughConf> {
+// What the plug-in, the CLI's nocache policy and CISTERN_NO_CACHING=1 get.
+struct PassThrough {
+  static std::unique_ptr<Allocator> make(Device& device) {
+    std::unique_ptr<DeviceAllocator> made =
+        make_allocator(device, Config::parse("pass_through:True"));
+    EXPECT_NE(dynamic_cast<PassThroughAllocator*>(made.get()), nullptr);
+    return made;
+  }
   static constexpr bool kPassThrough = true;
 };
 

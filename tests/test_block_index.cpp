@@ -38,9 +38,16 @@ TEST(BlockIndex, BinsAreMonotonicAndCoverAllSizes) {
     ASSERT_LT(bin, BlockIndex::kBins) << size;
     previous = bin;
   }
-  EXPECT_EQ(BlockIndex::bin_of(512), 1);
-  EXPECT_EQ(BlockIndex::bin_of(1024), 2);
-  EXPECT_LT(BlockIndex::bin_of(std::size_t{1} << 56), BlockIndex::kBins);
+  EXPECT_EQ(BlockIndex::bin_of(512), 0);
+  EXPECT_EQ(BlockIndex::bin_of(1024), 1);
+  EXPECT_EQ(BlockIndex::bin_of(32 * KiB), 63);
+  EXPECT_EQ(BlockIndex::bin_of(32 * KiB + 512), 64);
+  EXPECT_LT(BlockIndex::bin_of(std::size_t{1} << 57), BlockIndex::kBins);
+  // A size on a bin boundary shares the bin of the sizes just below it: a whole segment (2 MiB,
+  // 20 MiB) and its rest after a 512-byte split.
+  EXPECT_EQ(BlockIndex::bin_of(2 * MiB), BlockIndex::bin_of(2 * MiB - 512));
+  EXPECT_NE(BlockIndex::bin_of(2 * MiB), BlockIndex::bin_of(2 * MiB + 512));
+  EXPECT_EQ(BlockIndex::bin_of(20 * MiB), BlockIndex::bin_of(20 * MiB - 512));
 }
 
 TEST(BlockIndex, BestFitMatchesAnOrderedSetOnRandomOperations) {

@@ -284,22 +284,6 @@ TEST_F(AllocatorTest, ImpossibleSizesAreOutOfMemory) {
   EXPECT_EQ(device_calls(DeviceOp::allocate), 0u);
 }
 
-TEST_F(AllocatorTest, PassThroughMakesOneDeviceAllocationPerRequest) {
-  make("pass_through:True");
-  void* a = alloc->allocate(100, default_stream);
-  void* b = alloc->allocate(100, default_stream);
-  EXPECT_EQ(device_calls(DeviceOp::allocate), 2u);
-  EXPECT_EQ(reserved(), 1024);
-  EXPECT_EQ(device->used_bytes(), 2 * MiB);  // the device packs both into one shared granule
-  alloc->deallocate(a, default_stream);
-  EXPECT_EQ(device_calls(DeviceOp::deallocate), 1u);
-  EXPECT_EQ(reserved(), 512);
-  EXPECT_THROW(alloc->deallocate(a, default_stream), InvalidPointer);
-  alloc->deallocate(b, default_stream);
-  EXPECT_EQ(device->used_bytes(), 0u);
-  EXPECT_EQ(alloc->stats().num_device_free, 2);
-}
-
 TEST_F(AllocatorTest, EmptyCacheReturnsEveryUnusedSegment) {
   void* a = alloc->allocate(100, default_stream);
   void* b = alloc->allocate(30 * MiB, default_stream);

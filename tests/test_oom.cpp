@@ -238,6 +238,30 @@ TEST_F(Oom, AFailedRecordFallsBackToWaitingForTheStream) {
   alloc->deallocate(a, s1);
 }
 
+// A free on another stream records a spare event of the pool when it has one; if that record
+// fails, the general path takes over (a fresh event here), and no event is lost.
+TEST_F(Oom, AFailedRecordOfASpareEventFallsBackToTheGeneralPath) {
+  const Stream s1 = device->create_stream();
+  const Stream s2 = device->create_stream();
+  void* a = alloc->allocate(4096, s1);
+  alloc->deallocate(a, s2);                 // one event, recorded on s2
+  EXPECT_EQ(alloc->allocate(4096, s1), a);  // completed: the event is now a spare
+  device->launch(s2, 700);
+  device->fail_nth(DeviceOp::record_event, 1, Status::device_error);
+  alloc->deallocate(a, s2);
+  alloc->check();
+  EXPECT_EQ(device->counters().of(DeviceOp::record_event), 3u);  // the spare failed, one more
+  EXPECT_EQ(stat(StatKind::active_bytes), 4096);                 // pending on s2's work
+  void* b = alloc->allocate(4096, s1);
+  EXPECT_NE(b, a);  // s2 is still busy
+  device->synchronize_device();
+  alloc->deallocate(b, s1);
+  void* c = alloc->allocate(4096, s1);            // sees a's event completed
+  EXPECT_EQ(stat(StatKind::active_bytes), 4096);  // c alone
+  alloc->deallocate(c, s1);
+  alloc->check();
+}
+
 INSTANTIATE_TEST_SUITE_P(
     AllSites, FaultInjection,
     ::testing::Values(FaultCase{DeviceOp::allocate, Status::out_of_memory},

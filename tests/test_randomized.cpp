@@ -199,7 +199,7 @@ class RandomizedRun {
     SimDeviceOptions options;
     options.capacity = p.c.capacity;
     device_ = std::make_unique<SimDevice>(options);
-    alloc_ = std::make_unique<CachingAllocator>(*device_, Config::parse(p.c.conf));
+    alloc_ = make_allocator(*device_, Config::parse(p.c.conf));  // pass_through: its own class
     oracle_ = std::make_unique<Oracle>(*device_, *alloc_);
     streams_ = {default_stream, device_->create_stream(), device_->create_stream(),
                 device_->create_stream()};
@@ -416,7 +416,7 @@ class RandomizedRun {
   Rng rng_;
   SizeDrawer sizes_;
   std::unique_ptr<SimDevice> device_;
-  std::unique_ptr<CachingAllocator> alloc_;
+  std::unique_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<Oracle> oracle_;
   std::vector<Stream> streams_;
   bool pass_through_ = false;

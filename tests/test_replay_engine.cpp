@@ -20,7 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
+#include "cistern/pass_through_allocator.hpp"
+#include "cistern/sim_device.hpp"
 #include "replay/engine.hpp"
 #include "support/reference_figures.hpp"
 #include "support/trace_sizes.hpp"
@@ -491,6 +494,19 @@ TEST(ReplayPolicy, ParsesNamesAndOptions) {
   EXPECT_EQ(Policy::parse("torch:max_split_size_mb:64").config.max_split_size, 64 * MiB);
 }
 
+// nocache (and cistern with pass_through) is served by the pass-through allocator.
+TEST(ReplayPolicy, NocacheMakesThePassThroughAllocator) {
+  cistern::SimDevice device;
+  using cistern::CachingAllocator;
+  using cistern::PassThroughAllocator;
+  EXPECT_NE(dynamic_cast<PassThroughAllocator*>(Policy::parse("nocache").make(device).get()),
+            nullptr);
+  EXPECT_NE(dynamic_cast<PassThroughAllocator*>(
+                Policy::parse("cistern:pass_through=true").make(device).get()),
+            nullptr);
+  EXPECT_NE(dynamic_cast<CachingAllocator*>(Policy::parse("cistern").make(device).get()), nullptr);
+}
+
 TEST(ReplayPolicy, ParsesLists) {
   const std::vector<Policy> three = Policy::parse_list("cistern,torch,nocache");
   ASSERT_EQ(three.size(), 3u);
@@ -534,6 +550,7 @@ TEST(ReplayPolicy, RefusesWithClearMessages) {
   }
   EXPECT_NE(message_of("torch:cross_stream_reuse=false").find("cistern's own"), std::string::npos);
   EXPECT_NE(message_of("nocache:pass_through=false").find("pass_through"), std::string::npos);
+  EXPECT_NE(message_of("planned:pass_through=true").find("nocache"), std::string::npos);
   EXPECT_NE(message_of("max_split_size_mb=4,cistern").find("before any policy"), std::string::npos);
   EXPECT_NE(message_of("cistern,,torch").find("empty policy"), std::string::npos);
   EXPECT_NE(message_of("").find("empty"), std::string::npos);

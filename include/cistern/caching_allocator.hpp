@@ -25,18 +25,20 @@
 #include <utility>
 #include <vector>
 
-#include "cistern/allocator.hpp"
 #include "cistern/config.hpp"
 #include "cistern/device.hpp"
+#include "cistern/device_allocator.hpp"
 #include "cistern/history.hpp"
 
 namespace cistern {
 
 /// The caching allocator. One instance serves one device.
-class CachingAllocator final : public Allocator {
+class CachingAllocator final : public DeviceAllocator {
  public:
   /// An allocator over `device`, which must outlive it, with the options `config` (the defaults
-  /// unless given; pass `Config::from_env()` to honour CISTERN_ALLOC_CONF).
+  /// unless given; pass `Config::from_env()` to honour CISTERN_ALLOC_CONF). It always caches:
+  /// a `config` with `pass_through` set throws `InvalidArgument` (`PassThroughAllocator` serves
+  /// it; `make_allocator` picks the right one).
   explicit CachingAllocator(Device& device, Config config = Config());
   /// Returns every cached segment to the device. Blocks still allocated are left to the device
   /// (and reported by `check()` before destruction, if asked).
@@ -52,39 +54,24 @@ class CachingAllocator final : public Allocator {
   int device_index() const noexcept override;
   std::string name() const override;
 
-  /// Zeroes the running sums (`allocated`/`freed`) and the `num_*` counters.
-  void reset_accumulated_stats();
-  /// The size of the block that serves `ptr` (rounded), or throws `InvalidPointer`.
-  std::size_t allocation_size(void* ptr) const;
-  /// The caller's (unrounded) size of the live allocation at `ptr`, or nullopt when `ptr` is not
-  /// an allocation of this allocator that is live (freed, interior, foreign). O(1), no global
-  /// lock: one probe of the pointer map. Frameworks that pass the size back on free (the
-  /// plug-in's C ABI) validate it with this.
-  std::optional<std::size_t> requested_size(void* ptr) const noexcept;
-  /// The device allocation (segment) that holds the allocated block at `ptr`: its base address
-  /// and size, as PyTorch's `getBaseAllocation`. O(1), no global lock; throws `InvalidPointer`
-  /// for a pointer that `allocate` did not return or that was freed.
-  std::pair<void*, std::size_t> base_allocation(void* ptr) const;
+  void reset_accumulated_stats() override;
+  std::size_t allocation_size(void* ptr) const override;
+  /// As `DeviceAllocator::requested_size`: O(1), no global lock, one probe of the pointer map.
+  std::optional<std::size_t> requested_size(void* ptr) const noexcept override;
+  /// As `DeviceAllocator::base_allocation`: O(1), no global lock.
+  std::pair<void*, std::size_t> base_allocation(void* ptr) const override;
   /// Bytes currently held from the device (one atomic load).
   std::size_t reserved_bytes() const noexcept override;
-  /// Bytes currently handed to callers, rounded (cheap).
-  std::size_t allocated_bytes() const noexcept;
+  std::size_t allocated_bytes() const noexcept override;
   /// Whether the virtual-memory engine is on (the `vmm` option and the device decide). With it,
   /// `reserved_bytes()` is the physical memory held (handles, mapped or not) and the
   /// `reserved_bytes` statistic the part mapped into segments, as PyTorch counts expandable ones.
-  bool uses_virtual_memory() const noexcept;
-  /// The configuration in use.
-  const Config& config() const noexcept;
-  /// The device.
-  Device& device() const noexcept;
-  /// Changes the allowed fraction of device memory (as `set_per_process_memory_fraction`).
-  void set_memory_fraction(double fraction);
-
-  /// Starts recording every allocator event (up to `max_entries`, oldest dropped first), or
-  /// stops recording; starting again begins a new history.
-  void record_history(bool enabled, std::size_t max_entries = 1000000);
-  /// The recorded events, oldest first (empty when recording was never started).
-  std::vector<HistoryEntry> history() const;
+  bool uses_virtual_memory() const noexcept override;
+  const Config& config() const noexcept override;
+  Device& device() const noexcept override;
+  void set_memory_fraction(double fraction) override;
+  void record_history(bool enabled, std::size_t max_entries = 1000000) override;
+  std::vector<HistoryEntry> history() const override;
 
   /// Walks every segment, block, index and counter and verifies every invariant; throws
   /// `InvariantViolation` describing the first one broken. Takes every lock.

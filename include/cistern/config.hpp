@@ -96,7 +96,8 @@ struct Config {
   /// are exact (`exact_peaks`); false: in batches (see stats.hpp).
   bool exact_peaks = false;
   /// No caching: one device allocation per request, returned on free (`pass_through`); for
-  /// tools such as compute-sanitizer.
+  /// tools such as compute-sanitizer. `make_allocator` serves it with a `PassThroughAllocator`;
+  /// `CachingAllocator` refuses it.
   bool pass_through = false;
   /// Accepted for compatibility with PyTorch settings strings; no effect
   /// (`release_lock_on_cudamalloc`).

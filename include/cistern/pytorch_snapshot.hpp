@@ -51,7 +51,7 @@ struct DeviceRecord {
 std::string pytorch_snapshot_pickle(const std::vector<DeviceRecord>& devices, const Config& config);
 
 /// One allocator's state (its `snapshot()` and `history()`) as the bytes of a PyTorch pickle.
-std::string pytorch_snapshot_pickle(const CachingAllocator& allocator);
+std::string pytorch_snapshot_pickle(const DeviceAllocator& allocator);
 
 /// Writes `pytorch_snapshot_pickle(devices, config)` to `path` (replacing it). Throws
 /// `cistern::InvalidArgument` naming the path and the OS reason if it cannot be written.
@@ -59,6 +59,6 @@ void write_pytorch_snapshot(const std::string& path, const std::vector<DeviceRec
                             const Config& config);
 
 /// Writes one allocator's state to `path` as a PyTorch snapshot.
-void write_pytorch_snapshot(const std::string& path, const CachingAllocator& allocator);
+void write_pytorch_snapshot(const std::string& path, const DeviceAllocator& allocator);
 
 }  // namespace cistern

@@ -125,14 +125,18 @@ class CachingAllocator::Impl {
   // Request paths (caching_allocator.cpp).
   void* allocate_block(std::size_t bytes, Stream stream);
   void* allocate_slow(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
-  void* allocate_pass_through(detail::StreamPool& pool, std::size_t size, std::size_t bytes,
-                              bool small);
   void deallocate_slow(std::uintptr_t addr, Stream stream);
   /// The allocated block at `addr` with its owner pool's lock taken (the caller unlocks), or
   /// {nullptr, nullptr} if no block is allocated there. Needs no global lock.
   std::pair<detail::StreamPool*, detail::Block*> lock_owner(std::uintptr_t addr);
+  /// The allocated block at `addr` taken out of the pointer map, with its owner pool's lock
+  /// taken (the caller unlocks), or {nullptr, nullptr}: lock_owner and extract_allocated in one
+  /// probe fewer.
+  std::pair<detail::StreamPool*, detail::Block*> extract_with_owner(std::uintptr_t addr);
   void free_block(detail::StreamPool& pool, detail::Block* b, Stream stream);
+  void free_with_events(detail::StreamPool& pool, detail::Block* b, Stream stream);
   bool free_with_uses(detail::StreamPool& pool, detail::Block* b, Stream stream);
+  bool free_after_one_stream(detail::StreamPool& pool, detail::Block* b, Stream stream);
   [[noreturn]] void throw_invalid_pointer(std::uintptr_t addr, const char* what) const;
   [[noreturn]] void throw_out_of_memory(detail::StreamPool& pool, std::size_t bytes,
                                         std::size_t size, std::size_t segment, bool small);

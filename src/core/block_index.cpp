@@ -59,40 +59,7 @@ Block* merge(Block* a, Block* b) noexcept {
   return root;
 }
 
-Block* minimum(Block* tree) noexcept {
-  while (tree->left != nullptr) tree = tree->left;
-  return tree;
-}
-
-// The first node with size >= `size` in (size, address) order.
-Block* lower_bound(Block* tree, std::size_t size) noexcept {
-  Block* found = nullptr;
-  while (tree != nullptr) {
-    if (tree->size >= size) {
-      found = tree;
-      tree = tree->left;
-    } else {
-      tree = tree->right;
-    }
-  }
-  return found;
-}
-
 }  // namespace
-
-int BlockIndex::next_used_bin(int after) const noexcept {
-  const int first = after + 1;
-  if (first >= kBins) return -1;
-  const int word = first >> 6;
-  const std::uint64_t in_word =
-      bins_used_[static_cast<std::size_t>(word)] & (~std::uint64_t{0} << (first & 63));
-  if (in_word != 0) return (word << 6) + __builtin_ctzll(in_word);
-  const std::uint64_t later_words =
-      word + 1 < 64 ? words_used_ & (~std::uint64_t{0} << (word + 1)) : 0;
-  if (later_words == 0) return -1;
-  const int w = __builtin_ctzll(later_words);
-  return (w << 6) + __builtin_ctzll(bins_used_[static_cast<std::size_t>(w)]);
-}
 
 void BlockIndex::insert(Block* block) noexcept {
   const int bin = bin_of(block->size);
@@ -118,7 +85,7 @@ void BlockIndex::remove(Block* block) noexcept {
   --count_;
 }
 
-void BlockIndex::replace(Block* old, Block* fresh) noexcept {
+void BlockIndex::replace_slow(Block* old, Block* fresh) noexcept {
   const int bin = old->bin;
   Block*& root = roots_[static_cast<std::size_t>(bin)];
   if (root != old || old->left != nullptr || old->right != nullptr) {
@@ -127,12 +94,6 @@ void BlockIndex::replace(Block* old, Block* fresh) noexcept {
     return;
   }
   const int fresh_bin = bin_of(fresh->size);
-  if (fresh_bin == bin) {  // alone, and the bin stays the same: fresh takes the root
-    fresh->bin = old->bin;
-    fresh->left = fresh->right = nullptr;
-    root = fresh;
-    return;
-  }
   root = nullptr;
   unmark(bin);
   Block*& fresh_root = roots_[static_cast<std::size_t>(fresh_bin)];
@@ -145,15 +106,6 @@ void BlockIndex::replace(Block* old, Block* fresh) noexcept {
   fresh->left = fresh->right = nullptr;
   fresh_root = fresh;
   mark(fresh_bin);
-}
-
-Block* BlockIndex::best_fit(std::size_t size) const noexcept {
-  const int bin = bin_of(size);
-  if (Block* root = roots_[static_cast<std::size_t>(bin)]) {
-    if (Block* found = lower_bound(root, size)) return found;
-  }
-  const int next = next_used_bin(bin);
-  return next < 0 ? nullptr : minimum(roots_[static_cast<std::size_t>(next)]);
 }
 
 bool BlockIndex::contains(const Block* block) const noexcept {

@@ -2,8 +2,12 @@
 //
 // BlockIndex: the free blocks of one pool, with an exact best fit in O(1) + O(log k).
 //
-// Layout (two-level segregated fit). Sizes map to bins: below 32 KiB one bin per 512 bytes;
-// above, 64 bins per power of two (each bin spans 1/64 of its octave). A two-level bitmap marks
+// Layout (two-level segregated fit). Sizes map to bins: up to 32 KiB one bin per 512 bytes;
+// above, 64 bins per power of two (each bin spans 1/64 of its octave). A bin is half-open at the
+// bottom, (lo, hi]: a size on a bin boundary (a power of two, 20 MiB) shares the bin of the sizes
+// just below it, so that a whole segment and what is left of it after a small request was cut
+// off stay in one bin, and the split and coalesce of a hot pair replace the block without
+// touching the bitmaps. A two-level bitmap marks
 // the non-empty bins: one bit per bin in `bins_used_`, one bit per 64-bin word in `words_used_`,
 // so the first non-empty bin above any bin is found with two find-first-set operations.
 //
@@ -22,6 +26,7 @@
 #include <cstdint>
 
 #include "block.hpp"
+#include "hot.hpp"
 #include "size_policy.hpp"
 
 namespace cistern::detail {
@@ -31,7 +36,7 @@ class BlockIndex {
   static constexpr int kLinearShift = 9;       // exact bins of 512 bytes below kLinearLimit
   static constexpr int kSubBinBits = 6;        // 64 bins per power of two above it
   static constexpr int kLinearLimitLog2 = 15;  // 32 KiB
-  static constexpr int kMaxLog2 = 57;          // sizes below 2^57 bytes
+  static constexpr int kMaxLog2 = 57;          // sizes up to 2^57 bytes
   static constexpr int kBins =
       (1 << kSubBinBits) + (kMaxLog2 - kLinearLimitLog2) * (1 << kSubBinBits);
   static constexpr int kWords = (kBins + 63) / 64;
@@ -48,9 +53,9 @@ class BlockIndex {
   /// Removes `old` (in the index, with its key unchanged) and adds `fresh`: what remove and
   /// insert do, without a search when `old` is alone in its bin (a split or coalesce of the
   /// only cached block of a size range, the common case of a hot pair).
-  void replace(Block* old, Block* fresh) noexcept;
+  CISTERN_HOT void replace(Block* old, Block* fresh) noexcept;
   /// The smallest block of at least `size` (lowest address among equals), or nullptr.
-  Block* best_fit(std::size_t size) const noexcept;
+  CISTERN_HOT Block* best_fit(std::size_t size) const noexcept;
   /// Blocks held.
   std::size_t count() const noexcept { return count_; }
   /// Whether `block` is in the index (by search).
@@ -89,7 +94,10 @@ class BlockIndex {
     }
   }
 
-  int next_used_bin(int after) const noexcept;
+  inline int next_used_bin(int after) const noexcept;
+  static inline Block* minimum(Block* tree) noexcept;
+  static inline Block* lower_bound(Block* tree, std::size_t size) noexcept;
+  void replace_slow(Block* old, Block* fresh) noexcept;  // replace, but for the common case
   void mark(int bin) noexcept;
   void unmark(int bin) noexcept;
 
@@ -100,12 +108,70 @@ class BlockIndex {
   static_assert(kWords <= 64, "the second bitmap level must fit one word");
 };
 
-// Inline: every split and coalesce of the hot path computes bins and flips bitmap bits.
+// Inline: every split and coalesce of the hot path computes bins and flips bitmap bits. Bins are
+// those of size - 1 (sizes are at least 512): monotonic, so best fit stays exact.
 inline int BlockIndex::bin_of(std::size_t size) noexcept {
-  if (size < (std::size_t{1} << kLinearLimitLog2)) return static_cast<int>(size >> kLinearShift);
-  const int octave = log2_floor(size);
-  const int sub = static_cast<int>(size >> (octave - kSubBinBits)) & ((1 << kSubBinBits) - 1);
+  const std::size_t below = size - 1;
+  if (below < (std::size_t{1} << kLinearLimitLog2)) return static_cast<int>(below >> kLinearShift);
+  const int octave = log2_floor(below);
+  const int sub = static_cast<int>(below >> (octave - kSubBinBits)) & ((1 << kSubBinBits) - 1);
   return (1 << kSubBinBits) + ((octave - kLinearLimitLog2) << kSubBinBits) + sub;
+}
+
+// Inline, as the rest of the hot path: the common case of replace (old alone in its bin, fresh
+// in the same bin) and the best-fit search.
+CISTERN_HOT void BlockIndex::replace(Block* old, Block* fresh) noexcept {
+  const int bin = old->bin;
+  Block*& root = roots_[static_cast<std::size_t>(bin)];
+  if (root == old && old->left == nullptr && old->right == nullptr && bin_of(fresh->size) == bin) {
+    fresh->bin = old->bin;  // alone, and the bin stays the same: fresh takes the root
+    fresh->left = fresh->right = nullptr;
+    root = fresh;
+    return;
+  }
+  replace_slow(old, fresh);
+}
+
+CISTERN_HOT Block* BlockIndex::best_fit(std::size_t size) const noexcept {
+  const int bin = bin_of(size);
+  if (Block* root = roots_[static_cast<std::size_t>(bin)]) {
+    if (Block* found = lower_bound(root, size)) return found;
+  }
+  const int next = next_used_bin(bin);
+  return next < 0 ? nullptr : minimum(roots_[static_cast<std::size_t>(next)]);
+}
+
+inline Block* BlockIndex::minimum(Block* tree) noexcept {
+  while (tree->left != nullptr) tree = tree->left;
+  return tree;
+}
+
+// The first node with size >= `size` in (size, address) order.
+inline Block* BlockIndex::lower_bound(Block* tree, std::size_t size) noexcept {
+  Block* found = nullptr;
+  while (tree != nullptr) {
+    if (tree->size >= size) {
+      found = tree;
+      tree = tree->left;
+    } else {
+      tree = tree->right;
+    }
+  }
+  return found;
+}
+
+inline int BlockIndex::next_used_bin(int after) const noexcept {
+  const int first = after + 1;
+  if (first >= kBins) return -1;
+  const int word = first >> 6;
+  const std::uint64_t in_word =
+      bins_used_[static_cast<std::size_t>(word)] & (~std::uint64_t{0} << (first & 63));
+  if (in_word != 0) return (word << 6) + __builtin_ctzll(in_word);
+  const std::uint64_t later_words =
+      word + 1 < 64 ? words_used_ & (~std::uint64_t{0} << (word + 1)) : 0;
+  if (later_words == 0) return -1;
+  const int w = __builtin_ctzll(later_words);
+  return (w << 6) + __builtin_ctzll(bins_used_[static_cast<std::size_t>(w)]);
 }
 
 inline void BlockIndex::mark(int bin) noexcept {

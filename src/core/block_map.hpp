@@ -5,9 +5,9 @@
 // One map for all streams' pools, as PyTorch keeps one, so that a free, `record_stream`,
 // `allocation_size` or a base-allocation lookup finds any pointer in O(1) without the global
 // lock, whichever stream allocated it (the block's segment names its owner pool). The map is
-// split into shards by address, each a PtrMap under its own spin lock, so that threads working
-// on different streams seldom meet on a lock; a shard lock is a leaf (taken after a pool lock
-// by hand-outs, alone by lookups) and is held only for one map operation.
+// split into shards by 2 MiB address region, each a PtrMap under its own spin lock, so that threads
+// working on different streams seldom meet on a lock; a shard lock is a leaf (taken after a pool
+// lock by hand-outs, alone by lookups) and is held only for one map operation.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "debug_assert.hpp"
+#include "hot.hpp"
 #include "ptr_map.hpp"
 #include "spin_lock.hpp"
 
@@ -23,7 +24,7 @@ namespace cistern::detail {
 class BlockMap {
  public:
   /// Adds `addr -> block`; the address must not be present.
-  void insert(std::uintptr_t addr, Block* block) {
+  CISTERN_HOT void insert(std::uintptr_t addr, Block* block) {
     Shard& s = shard(addr);
     std::lock_guard<SpinLock> lock(s.mutex);
     CISTERN_ASSERT_INTERNAL(addr == block->addr && s.map.find(addr) == nullptr);
@@ -37,7 +38,7 @@ class BlockMap {
   }
   /// Removes `addr` if its block belongs to a segment of `owner`, and returns the block; nullptr
   /// (and nothing removed) otherwise.
-  Block* extract_owned(std::uintptr_t addr, const StreamPool* owner) noexcept {
+  CISTERN_HOT Block* extract_owned(std::uintptr_t addr, const StreamPool* owner) noexcept {
     Shard& s = shard(addr);
     std::lock_guard<SpinLock> lock(s.mutex);
     return s.map.extract_if(addr, [owner](const Block* b) { return b->segment->owner == owner; });
@@ -77,9 +78,13 @@ class BlockMap {
     PtrMap map;
   };
   Shard& shard(std::uintptr_t addr) const noexcept {
-    // Block addresses are multiples of 512; consecutive blocks land in different shards.
-    return shards_[((addr >> 9) * 0x9E3779B97F4A7C15ull >> 58) & (kShards - 1)];
+    // By 2 MiB region, not by block: the blocks of one region - of one pool's segment - share a
+    // shard, so a thread that works in its own pool's segments touches few shards, and threads on
+    // different streams seldom write the same shard's cache lines (by block, every thread's
+    // blocks spread over all shards and the lines bounced between cores on every operation).
+    return shards_[((addr >> kRegionShift) * 0x9E3779B97F4A7C15ull >> 58) & (kShards - 1)];
   }
+  static constexpr unsigned kRegionShift = 21;
 
   mutable Shard shards_[kShards];
 };

@@ -15,6 +15,36 @@ namespace cistern {
 using detail::Block;
 using detail::StreamPool;
 
+namespace {
+
+// Whether every page under [lo, hi) of an expandable segment is mapped.
+bool pages_mapped(const detail::Segment& seg, std::uintptr_t lo, std::uintptr_t hi) noexcept {
+  for (std::size_t i = (lo - seg.base) / seg.page_size; seg.base + i * seg.page_size < hi; ++i) {
+    if (seg.pages[i] == detail::Segment::kNoPage) return false;
+  }
+  return true;
+}
+
+// mapped_for's test of an expandable segment with unmapped pages, out of line so that the
+// test of a fully mapped segment stays short.
+__attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, const Block& b,
+                                           std::size_t size, bool small) noexcept {
+  const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
+  return pages_mapped(*b.segment, b.addr, b.addr + used);
+}
+
+// Whether the cached block `b` can serve `size` without mapping a page: always in a classic
+// segment; in an expandable one, when the pages under the part handed out (the block, or its
+// first `size` bytes when it is split: map_for's range) are all mapped. The pages of the rest of
+// the segment do not matter, so the engine adds nothing to a hit on mapped memory.
+CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
+                            bool small) noexcept {
+  if (b.segment->unmapped_pages == 0) return true;
+  return part_mapped(policy, b, size, small);
+}
+
+}  // namespace
+
 // --- PoolTable ----------------------------------------------------------------------------------------
 
 void PoolTable::add(std::unique_ptr<StreamPool> pool) {
@@ -54,6 +84,11 @@ AllPoolsLock::~AllPoolsLock() {
 CachingAllocator::Impl::Impl(Device& device, Config config)
     : device_(device), config_(std::move(config)), policy_(config_), events_(device) {
   config_.validate();
+  if (config_.pass_through) {
+    throw InvalidArgument(
+        "cistern: CachingAllocator always caches; pass_through:True (CISTERN_NO_CACHING=1) is "
+        "served by PassThroughAllocator - make_allocator(device, config) picks it");
+  }
   MemoryInfo info;
   if (device_.memory_info(&info) == Status::ok) device_total_ = info.total;
   update_allowed();
@@ -68,7 +103,7 @@ CachingAllocator::Impl::Impl(Device& device, Config config)
   // back to classic segments where the device cannot map pages.
   const bool wanted = config_.vmm == Config::Vmm::on || (config_.vmm == Config::Vmm::automatic) ||
                       config_.expandable_segments;
-  vmm_ = supported && wanted && config_.vmm != Config::Vmm::off && !config_.pass_through;
+  vmm_ = supported && wanted && config_.vmm != Config::Vmm::off;
   page_size_ = device_.granularity();
   trims_ = vmm_ && config_.release_threshold != SIZE_MAX;
 }
@@ -149,15 +184,15 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
   StreamPool& pool = pool_for(stream);
   const std::size_t size = policy_.round(bytes);
   const bool small = policy_.is_small(size);
-  if (!config_.pass_through) {
+  {
     std::lock_guard<detail::SpinLock> lock(pool.mutex);
     if (pool.has_pending()) pool.process_events(device_);
     if (small) {
       if (void* p = pool.take_parked(size, bytes)) return p;
     }
-    // A block of an expandable segment with pages missing is mapped on the slow path.
+    // A block with pages missing is mapped on the slow path.
     Block* b = pool.find(size, small);
-    if (b != nullptr && b->segment->unmapped_pages == 0) return pool.take(b, size, bytes);
+    if (b != nullptr && mapped_for(policy_, *b, size, small)) return pool.take(b, size, bytes);
   }
   return allocate_slow(pool, size, bytes, small);
 }
@@ -168,7 +203,6 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
                                             bool small) {
   std::lock_guard<std::mutex> global(mutex_);
   std::lock_guard<detail::SpinLock> lock(pool.mutex);
-  if (config_.pass_through) return allocate_pass_through(pool, size, bytes, small);
   if (pool.has_pending()) pool.process_events(device_);
   if (small) {
     if (void* p = pool.take_parked(size, bytes)) return p;  // freed meanwhile
@@ -199,18 +233,6 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   throw_out_of_memory(pool, bytes, size, segment, small);
 }
 
-void* CachingAllocator::Impl::allocate_pass_through(StreamPool& pool, std::size_t size,
-                                                    std::size_t bytes, bool small) {
-  Block* b = new_segment(pool, size, small);
-  if (b == nullptr) {
-    ++num_alloc_retries_;
-    release_cache(&pool);
-    b = new_segment(pool, size, small);
-  }
-  if (b == nullptr) throw_out_of_memory(pool, bytes, size, size, small);
-  return pool.take(b, size, bytes);
-}
-
 // --- deallocate -----------------------------------------------------------------------------------------
 
 // Pool lock held; `b` extracted from the pointer map. Caches the block at once unless another
@@ -224,9 +246,17 @@ CISTERN_HOT void CachingAllocator::Impl::free_block(StreamPool& pool, Block* b, 
     pool.release(b);
     return;
   }
+  free_with_events(pool, b, stream);
+}
+
+// free_block's other case, out of line so that the same-stream free stays short: the block
+// waits for events of other streams (or, if none can be recorded, for those streams now).
+void CachingAllocator::Impl::free_with_events(StreamPool& pool, Block* b, Stream stream) {
   const std::uintptr_t addr = b->addr;
   const std::size_t requested = b->requested;
-  if (free_with_uses(pool, b, stream)) {
+  // Freed on another stream, used by none: usually one event (free_after_one_stream).
+  if ((b->stream_uses.empty() && free_after_one_stream(pool, b, stream)) ||
+      free_with_uses(pool, b, stream)) {
     record(HistoryEntry::Action::free_requested, addr, requested, stream);
   } else {
     record(HistoryEntry::Action::free_requested, addr, requested, stream);
@@ -238,23 +268,20 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   if (ptr == nullptr) return;
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   bool freed = false;
-  if (!config_.pass_through) {
-    if (StreamPool* pool = pools_.find(stream)) {  // the common case: freed on its own stream
-      std::lock_guard<detail::SpinLock> lock(pool->mutex);
-      if (Block* b = pool->extract_allocated(addr)) {
-        free_block(*pool, b, stream);
-        freed = true;
-      }
+  if (StreamPool* pool = pools_.find(stream)) {  // the common case: freed on its own stream
+    std::lock_guard<detail::SpinLock> lock(pool->mutex);
+    if (Block* b = pool->extract_allocated(addr)) {
+      free_block(*pool, b, stream);
+      freed = true;
     }
-    // Another stream's block (the pointer map names its owner), or misuse.
-    if (!freed) {
-      if (StreamPool* pool = lock_owner(addr).first) {
-        std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
-        if (Block* b = pool->extract_allocated(addr)) {
-          free_block(*pool, b, stream);
-          freed = true;
-        }
-      }
+  }
+  // Another stream's block (the pointer map names its owner), or misuse.
+  if (!freed) {
+    auto [pool, b] = extract_with_owner(addr);
+    if (pool != nullptr) {
+      std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+      free_block(*pool, b, stream);
+      freed = true;
     }
   }
   if (!freed) deallocate_slow(addr, stream);
@@ -275,7 +302,21 @@ std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_owner(std::uintptr_t
   }
 }
 
-// Pass-through frees, and misuse.
+std::pair<StreamPool*, Block*> CachingAllocator::Impl::extract_with_owner(std::uintptr_t addr) {
+  for (;;) {
+    const Block* b = blocks_.find(addr);
+    if (b == nullptr) return {nullptr, nullptr};
+    StreamPool* pool = b->segment->owner;
+    pool->mutex.lock();
+    // Under the owner's lock the block cannot change pools; the extraction checks the owner
+    // again in the same probe (another thread may have freed the block meanwhile).
+    if (Block* got = pool->extract_allocated(addr)) return {pool, got};
+    pool->mutex.unlock();
+  }
+}
+
+// Misuse, or a block freed by another thread while this one looked for it: under the global
+// lock, free it if it is still allocated, else say what the pointer is.
 void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream) {
   std::lock_guard<std::mutex> global(mutex_);
   StreamPool* pool = lock_owner(addr).first;
@@ -285,19 +326,7 @@ void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream)
     throw_invalid_pointer(addr, "deallocate");
   }
   std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
-  if (!config_.pass_through) {
-    free_block(*pool, b, stream);
-    return;
-  }
-  // Pass-through: the device free synchronises, so no event is needed for other users.
-  record(HistoryEntry::Action::free_requested, addr, b->requested, stream);
-  record(HistoryEntry::Action::free_completed, addr, b->requested, stream);
-  pool->release(b);
-  if (!release_segment(*pool, b)) {
-    throw DeviceError("deallocate", fmt::format("cistern: returning {:#x} to the device failed "
-                                                "(it stays cached): {}",
-                                                addr, last_release_error_));
-  }
+  free_block(*pool, b, stream);
 }
 
 // Pool lock held; `b` extracted. Records an event on every other stream that used the block (and
@@ -340,6 +369,22 @@ bool CachingAllocator::Impl::free_with_uses(StreamPool& pool, Block* b, Stream s
   }
   pool.end_allocation(b);
   pool.make_pending(b, recorded, streams);
+  return true;
+}
+
+// Pool lock held; `b` extracted, used by no stream but its own, freed on `stream` (another one):
+// the common cross-stream free. With a spare event of the pool it records that one event and
+// makes the block pending, with no scratch list and no lock; true if it did. Otherwise (no spare
+// event, or the record failed) nothing has changed and free_with_uses takes the general path.
+bool CachingAllocator::Impl::free_after_one_stream(StreamPool& pool, Block* b, Stream stream) {
+  Event event;
+  if (!pool.take_spare_event(&event)) return false;
+  if (device_.record_event(event, stream) != Status::ok) {
+    events_.release(event);  // the general path reports or works around the failure
+    return false;
+  }
+  pool.end_allocation(b);
+  pool.make_pending(b, event, stream);
   return true;
 }
 

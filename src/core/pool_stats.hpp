@@ -25,6 +25,7 @@
 
 #include "cistern/stats.hpp"
 #include "debug_assert.hpp"
+#include "hot.hpp"
 
 namespace cistern::detail {
 
@@ -97,7 +98,7 @@ class PoolStats {
   static constexpr int kPublishOps = 64;
 
   /// Raises a stored statistic of the pool kind (small/large) and of "all" by `delta` >= 0.
-  void inc(StatKind kind, bool small, std::int64_t delta) noexcept {
+  CISTERN_HOT void inc(StatKind kind, bool small, std::int64_t delta) noexcept {
     const int k = static_cast<int>(kind);
     Stat& row = rows_[k][small ? 0 : 1];
     row.current += delta;
@@ -108,7 +109,7 @@ class PoolStats {
     if (all.current > all.peak) all.peak = all.current;
   }
   /// Lowers a stored statistic by `delta` >= 0 (peaks cannot change).
-  void dec(StatKind kind, bool small, std::int64_t delta) noexcept {
+  CISTERN_HOT void dec(StatKind kind, bool small, std::int64_t delta) noexcept {
     const int k = static_cast<int>(kind);
     Stat& row = rows_[k][small ? 0 : 1];
     CISTERN_ASSERT_INTERNAL(delta >= 0 && row.current >= delta && all_[k].current >= delta);

@@ -79,87 +79,11 @@ void StreamPool::unindex(Block* b) noexcept {
   unlist(b);
 }
 
-void StreamPool::list(Block* b) noexcept {
-  const bool small = !b->segment->large;
-  b->gc_base = lookups_[small ? 0 : 1];
-  if (!b->is_whole_segment()) {
-    count_split(b, small);
-    return;
-  }
-  Block*& head = whole_[small ? 0 : 1];
-  b->whole_prev = nullptr;
-  b->whole_next = head;
-  if (head != nullptr) head->whole_prev = b;
-  head = b;
-}
-
-void StreamPool::unlist(Block* b) noexcept {
-  const bool small = !b->segment->large;
-  if (b->counted_split) {
-    uncount_split(b, small);
-    return;
-  }
-  Block*& head = whole_[small ? 0 : 1];
-  if (b->whole_prev != nullptr) b->whole_prev->whole_next = b->whole_next;
-  else head = b->whole_next;
-  if (b->whole_next != nullptr) b->whole_next->whole_prev = b->whole_prev;
-  b->whole_prev = b->whole_next = nullptr;
-}
-
-// Cuts the indexed free block `b` to `size` and takes it out of the index; the rest becomes a
-// new free block right after it, indexed in b's place (BlockIndex::replace: usually no search).
-void StreamPool::split(Block* b, std::size_t size) {
-  Block* rest = arena_.make();
-  rest->addr = b->addr + size;
-  rest->size = b->size - size;
-  rest->segment = b->segment;
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  unlist(b);
-  index(!b->segment->large).replace(b, rest);  // b still has its old size (its index key)
-  b->size = size;
-  list(rest);
-}
-
 // Merges the free neighbour `gone` into `into` (both in the same segment, adjacent).
 void StreamPool::absorb(Block* into, Block* gone) noexcept {
   unindex(gone);
   join(into, gone);
   arena_.recycle(gone);
-}
-
-// The block list and sizes of absorb; leaves `gone` itself (its index key) untouched.
-void StreamPool::join(Block* into, Block* gone) noexcept {
-  if (gone->addr < into->addr) {
-    into->addr = gone->addr;
-    into->prev = gone->prev;
-    if (into->prev != nullptr) into->prev->next = into;
-    else into->segment->head = into;
-  } else {
-    into->next = gone->next;
-    if (into->next != nullptr) into->next->prev = into;
-  }
-  into->size += gone->size;
-}
-
-void StreamPool::coalesce(Block* b) noexcept {
-  Block* prev = b->prev != nullptr && b->prev->is_free() ? b->prev : nullptr;
-  Block* next = b->next != nullptr && b->next->is_free() ? b->next : nullptr;
-  if ((prev == nullptr) == (next == nullptr)) {  // no free neighbour, or two
-    if (prev != nullptr) absorb(b, prev);
-    if (next != nullptr) absorb(b, next);
-    index_block(b);
-    return;
-  }
-  // One free neighbour (the common case): the merged block takes its place in the index.
-  Block* gone = prev != nullptr ? prev : next;
-  unlist(gone);
-  join(b, gone);
-  index(!b->segment->large).replace(gone, b);
-  arena_.recycle(gone);
-  list(b);
 }
 
 void StreamPool::flush_parked() noexcept {
@@ -197,20 +121,31 @@ bool StreamPool::is_parked_here(const Block* b) const noexcept {
 
 void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
                               const std::vector<Stream>& streams) {
+  begin_pending(b, events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) enqueue(b, events[i], streams[i]);
+}
+
+void StreamPool::make_pending(Block* b, Event event, Stream stream) {
+  begin_pending(b, 1);
+  enqueue(b, event, stream);
+}
+
+void StreamPool::begin_pending(Block* b, std::size_t events) noexcept {
   b->state = BlockState::pending;
-  b->pending_events = static_cast<std::uint32_t>(events.size());
+  b->pending_events = static_cast<std::uint32_t>(events);
   stats_.begin_pending(!b->segment->large, static_cast<std::int64_t>(b->size),
                        static_cast<std::int64_t>(b->requested));
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    auto queue = std::find_if(pending_.begin(), pending_.end(),
-                              [&](const PendingQueue& q) { return q.stream == streams[i]; });
-    if (queue == pending_.end()) {
-      pending_.push_back(PendingQueue{streams[i], {}});
-      queue = pending_.end() - 1;
-    }
-    queue->entries.push_back(PendingFree{events[i], b});
-    ++pending_count_;
+}
+
+void StreamPool::enqueue(Block* b, Event event, Stream stream) {
+  auto queue = std::find_if(pending_.begin(), pending_.end(),
+                            [stream](const PendingQueue& q) { return q.stream == stream; });
+  if (queue == pending_.end()) {
+    pending_.push_back(PendingQueue{stream, {}});
+    queue = pending_.end() - 1;
   }
+  queue->entries.push_back(PendingFree{event, b});
+  ++pending_count_;
 }
 
 void StreamPool::process_events(Device& device) {

@@ -23,6 +23,7 @@
 #include "cistern/types.hpp"
 #include "debug_assert.hpp"
 #include "history_log.hpp"
+#include "hot.hpp"
 #include "pool_stats.hpp"
 #include "size_policy.hpp"
 #include "spin_lock.hpp"
@@ -32,12 +33,6 @@ class Device;
 }
 
 namespace cistern::detail {
-
-#if defined(__GNUC__)
-#define CISTERN_HOT inline __attribute__((always_inline))
-#else
-#define CISTERN_HOT inline
-#endif
 
 /// Recycles Block objects so the hot path never calls the system allocator.
 class BlockArena {
@@ -112,6 +107,7 @@ class StreamPool {
 
   /// Hands out a parked small block of exactly `size`, or returns nullptr if none is parked.
   CISTERN_HOT void* take_parked(std::size_t size, std::size_t requested) {
+    if (!park_small_blocks_) return nullptr;  // nothing is ever parked
     const std::size_t bin = size >> park_shift_;
     Block* b = parked_[bin];
     if (b == nullptr) return nullptr;
@@ -127,7 +123,7 @@ class StreamPool {
   }
 
   /// The best cached block for a rounded size that the size policy lets serve it, or nullptr.
-  Block* find(std::size_t size, bool small) noexcept {
+  CISTERN_HOT Block* find(std::size_t size, bool small) noexcept {
     ++lookups_[small ? 0 : 1];
     Block* b = index(small).best_fit(size);
     return (b != nullptr && policy_.may_serve(b->size, size)) ? b : nullptr;
@@ -135,7 +131,7 @@ class StreamPool {
 
   /// Hands out the indexed block `b` for a request of `requested` bytes rounded to `size`,
   /// splitting off the rest when the policy says so.
-  void* take(Block* b, std::size_t size, std::size_t requested) {
+  CISTERN_HOT void* take(Block* b, std::size_t size, std::size_t requested) {
     const bool small = !b->segment->large;
     CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->size >= size && size >= requested);
     if (policy_.should_split(b->size, size, small)) {
@@ -200,6 +196,8 @@ class StreamPool {
 
   /// Makes an ended allocation wait for `events` (recorded on `streams`, same order).
   void make_pending(Block* b, const std::vector<Event>& events, const std::vector<Stream>& streams);
+  /// The same for one event recorded on one stream (a free on another stream, nothing recorded).
+  void make_pending(Block* b, Event event, Stream stream);
   /// Whether any free is pending.
   bool has_pending() const noexcept { return pending_count_ != 0; }
   /// Caches every pending block whose events have completed; their events become this pool's
@@ -329,16 +327,20 @@ class StreamPool {
     return true;
   }
   // inactive_split bookkeeping of a free or parked block of a split segment.
-  void count_split(Block* b, bool small) noexcept {
+  CISTERN_HOT void count_split(Block* b, bool small) noexcept {
     b->counted_split = true;
     stats_.inc(StatKind::inactive_split, small, 1);
     stats_.inc(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size));
   }
-  void uncount_split(Block* b, bool small) noexcept {
+  CISTERN_HOT void uncount_split(Block* b, bool small) noexcept {
     b->counted_split = false;
     stats_.dec(StatKind::inactive_split, small, 1);
     stats_.dec(StatKind::inactive_split_bytes, small, static_cast<std::int64_t>(b->size));
   }
+
+  // Pending bookkeeping: the block's state and statistics, and one entry of a stream's queue.
+  void begin_pending(Block* b, std::size_t events) noexcept;
+  void enqueue(Block* b, Event event, Stream stream);
 
   // Index bookkeeping: the block index, the whole-segment list and inactive_split.
   void index_block(Block* b) noexcept;
@@ -377,5 +379,85 @@ class StreamPool {
   std::vector<std::uint32_t> parked_bins_;   // bins that may hold parked blocks
   std::atomic<std::int64_t> allocated_mirror_{0};
 };
+
+// --- the block bookkeeping of the hot path, inline -------------------------------------------------
+// Every pair of a cache hit splits and coalesces: these run inside allocate and deallocate
+// rather than as calls (a call and its register saves cost as much as the work).
+
+CISTERN_HOT void StreamPool::list(Block* b) noexcept {
+  const bool small = !b->segment->large;
+  b->gc_base = lookups_[small ? 0 : 1];
+  if (!b->is_whole_segment()) {
+    count_split(b, small);
+    return;
+  }
+  Block*& head = whole_[small ? 0 : 1];
+  b->whole_prev = nullptr;
+  b->whole_next = head;
+  if (head != nullptr) head->whole_prev = b;
+  head = b;
+}
+
+CISTERN_HOT void StreamPool::unlist(Block* b) noexcept {
+  const bool small = !b->segment->large;
+  if (b->counted_split) {
+    uncount_split(b, small);
+    return;
+  }
+  Block*& head = whole_[small ? 0 : 1];
+  if (b->whole_prev != nullptr) b->whole_prev->whole_next = b->whole_next;
+  else head = b->whole_next;
+  if (b->whole_next != nullptr) b->whole_next->whole_prev = b->whole_prev;
+  b->whole_prev = b->whole_next = nullptr;
+}
+
+// Cuts the indexed free block `b` to `size` and takes it out of the index; the rest becomes a
+// new free block right after it, indexed in b's place (BlockIndex::replace: usually no search).
+CISTERN_HOT void StreamPool::split(Block* b, std::size_t size) {
+  Block* rest = arena_.make();
+  rest->addr = b->addr + size;
+  rest->size = b->size - size;
+  rest->segment = b->segment;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next != nullptr) b->next->prev = rest;
+  b->next = rest;
+  unlist(b);
+  index(!b->segment->large).replace(b, rest);  // b still has its old size (its index key)
+  b->size = size;
+  list(rest);
+}
+
+// The block list and sizes of absorb; leaves `gone` itself (its index key) untouched.
+CISTERN_HOT void StreamPool::join(Block* into, Block* gone) noexcept {
+  if (gone->addr < into->addr) {
+    into->addr = gone->addr;
+    into->prev = gone->prev;
+    if (into->prev != nullptr) into->prev->next = into;
+    else into->segment->head = into;
+  } else {
+    into->next = gone->next;
+    if (into->next != nullptr) into->next->prev = into;
+  }
+  into->size += gone->size;
+}
+
+CISTERN_HOT void StreamPool::coalesce(Block* b) noexcept {
+  Block* prev = b->prev != nullptr && b->prev->is_free() ? b->prev : nullptr;
+  Block* next = b->next != nullptr && b->next->is_free() ? b->next : nullptr;
+  if ((prev == nullptr) == (next == nullptr)) {  // no free neighbour, or two
+    if (prev != nullptr) absorb(b, prev);
+    if (next != nullptr) absorb(b, next);
+    index_block(b);
+    return;
+  }
+  // One free neighbour (the common case): the merged block takes its place in the index.
+  Block* gone = prev != nullptr ? prev : next;
+  unlist(gone);
+  join(b, gone);
+  index(!b->segment->large).replace(gone, b);
+  arena_.recycle(gone);
+  list(b);
+}
 
 }  // namespace cistern::detail

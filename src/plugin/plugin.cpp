@@ -145,7 +145,7 @@ std::string oom_message(const OutOfMemoryInfo& info) {
 /// foreign): the allocator's own message. Never frees anything, so that a racing allocation
 /// that has just been given the same address cannot be freed by mistake.
 [[noreturn]] void throw_not_live(PluginState& state, void* ptr, int device) {
-  if (CachingAllocator* allocator = state.existing(device)) {
+  if (DeviceAllocator* allocator = state.existing(device)) {
     try {
       allocator->allocation_size(ptr);  // throws InvalidPointer with the precise story
     } catch (const InvalidPointer& e) {
@@ -165,7 +165,7 @@ std::string oom_message(const OutOfMemoryInfo& info) {
 /// gets here, so scanning every device's allocator is fine.
 [[noreturn]] void throw_mismatch(PluginState& state, void* ptr, std::size_t size, int device) {
   for (int other = 0; other < kMaxDevices; ++other) {
-    const CachingAllocator* allocator = state.existing(other);
+    const DeviceAllocator* allocator = state.existing(other);
     const std::optional<std::size_t> requested =
         allocator != nullptr ? allocator->requested_size(ptr) : std::nullopt;
     if (!requested) continue;
@@ -181,7 +181,7 @@ std::string oom_message(const OutOfMemoryInfo& info) {
 // free is validated against it before anything changes.
 void free_checked(void* ptr, std::size_t size, int device, Stream stream) {
   PluginState& state = PluginState::get();
-  CachingAllocator* allocator = state.existing(device);
+  DeviceAllocator* allocator = state.existing(device);
   if (allocator != nullptr) require_known_stream(state, device, stream, "free");
   const std::optional<std::size_t> requested =
       allocator != nullptr ? allocator->requested_size(ptr) : std::nullopt;
@@ -190,9 +190,9 @@ void free_checked(void* ptr, std::size_t size, int device, Stream stream) {
 }
 
 /// The allocator holding the live allocation `ptr`, whichever device it is on.
-CachingAllocator& allocator_of(PluginState& state, void* ptr, const char* what) {
+DeviceAllocator& allocator_of(PluginState& state, void* ptr, const char* what) {
   for (int device = 0; device < kMaxDevices; ++device) {
-    CachingAllocator* allocator = state.existing(device);
+    DeviceAllocator* allocator = state.existing(device);
     if (allocator != nullptr && allocator->requested_size(ptr)) return *allocator;
   }
   throw InvalidPointer(std::string("cistern: ") + what + "(" + hex(ptr) +
@@ -213,7 +213,7 @@ void* cistern_malloc(size_t size, int device, cistern_stream_t stream) {
   guarded([&] {
     if (size == 0) return;
     PluginState& state = PluginState::get();
-    cistern::CachingAllocator& allocator = state.allocator(device);
+    cistern::DeviceAllocator& allocator = state.allocator(device);
     cistern::plugin::require_known_stream(state, device, Stream(stream), "malloc");
     try {
       ptr = allocator.allocate(size, Stream(stream));
@@ -242,7 +242,7 @@ void cistern_init(int device_count) {
 
 void cistern_empty_cache(void) {
   guarded([&] {
-    for (cistern::CachingAllocator* allocator : PluginState::get().all()) allocator->empty_cache();
+    for (cistern::DeviceAllocator* allocator : PluginState::get().all()) allocator->empty_cache();
   });
 }
 
@@ -259,7 +259,7 @@ void cistern_set_memory_fraction(double fraction, int device) {
 void cistern_record_stream(void* ptr, cistern_stream_t stream) {
   guarded([&] {
     PluginState& state = PluginState::get();
-    cistern::CachingAllocator& allocator =
+    cistern::DeviceAllocator& allocator =
         cistern::plugin::allocator_of(state, ptr, "record_stream");
     cistern::plugin::require_known_stream(state, allocator.device_index(), Stream(stream),
                                           "record_stream");
@@ -286,7 +286,7 @@ size_t cistern_memory_stats_json(int device, char* buffer, size_t capacity) {
       throw cistern::InvalidArgument("cistern: memory_stats: device " + std::to_string(device) +
                                      " is out of range");
     }
-    const cistern::CachingAllocator* allocator = PluginState::get().existing(device);
+    const cistern::DeviceAllocator* allocator = PluginState::get().existing(device);
     const cistern::Stats stats = allocator != nullptr ? allocator->stats() : cistern::Stats{};
     length = cistern::plugin::copy_out(cistern::plugin::stats_json(stats), buffer, capacity);
   });
@@ -314,7 +314,7 @@ int cistern_write_snapshot(const char* path) {
     }
     PluginState& state = PluginState::get();
     std::vector<cistern::DeviceRecord> devices;
-    for (cistern::CachingAllocator* allocator : state.all()) {
+    for (cistern::DeviceAllocator* allocator : state.all()) {
       cistern::DeviceRecord record;
       record.device = allocator->device_index();
       record.snapshot = allocator->snapshot();

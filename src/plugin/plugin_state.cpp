@@ -154,7 +154,7 @@ std::unique_ptr<Device> PluginState::open_device(int device) {
 #endif
 }
 
-CachingAllocator& PluginState::allocator(int device) {
+DeviceAllocator& PluginState::allocator(int device) {
   check_ordinal(device);
   const std::size_t index = static_cast<std::size_t>(device);
   if (Slot* slot = published_[index].load(std::memory_order_acquire)) return *slot->allocator;
@@ -164,23 +164,23 @@ CachingAllocator& PluginState::allocator(int device) {
   auto slot = std::make_unique<Slot>();
   slot->device = open_device(device);
   slot->sim = dynamic_cast<SimDevice*>(slot->device.get());
-  slot->allocator = std::make_unique<CachingAllocator>(*slot->device, config_);
+  slot->allocator = make_allocator(*slot->device, config_);
   if (history_) slot->allocator->record_history(true, history_entries_);
   slots_[index] = std::move(slot);
   published_[index].store(slots_[index].get(), std::memory_order_release);
   return *slots_[index]->allocator;
 }
 
-CachingAllocator* PluginState::existing(int device) noexcept {
+DeviceAllocator* PluginState::existing(int device) noexcept {
   if (device < 0 || device >= kMaxDevices) return nullptr;
   Slot* slot = published_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
   return slot != nullptr ? slot->allocator.get() : nullptr;
 }
 
-std::vector<CachingAllocator*> PluginState::all() {
-  std::vector<CachingAllocator*> allocators;
+std::vector<DeviceAllocator*> PluginState::all() {
+  std::vector<DeviceAllocator*> allocators;
   for (int device = 0; device < kMaxDevices; ++device) {
-    if (CachingAllocator* a = existing(device)) allocators.push_back(a);
+    if (DeviceAllocator* a = existing(device)) allocators.push_back(a);
   }
   return allocators;
 }

@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "cistern/caching_allocator.hpp"
 #include "cistern/config.hpp"
 #include "cistern/device.hpp"
+#include "cistern/device_allocator.hpp"
 #include "cistern/errors.hpp"
 #include "cistern/plugin.h"
 #include "cistern/sim_device.hpp"
@@ -71,11 +71,11 @@ class PluginState {
   Backend backend();
   /// The allocator of `device`, created on first use. Throws `InvalidArgument` for an ordinal
   /// out of range, `ConfigError` for bad settings, `DeviceError` if the device cannot be opened.
-  CachingAllocator& allocator(int device);
+  DeviceAllocator& allocator(int device);
   /// The allocator of `device` if it exists, else nullptr. Never throws.
-  CachingAllocator* existing(int device) noexcept;
+  DeviceAllocator* existing(int device) noexcept;
   /// Every allocator that exists, by ordinal.
-  std::vector<CachingAllocator*> all();
+  std::vector<DeviceAllocator*> all();
   /// The simulated device of `device` (created with its allocator). Throws `InvalidArgument`
   /// unless the backend is "sim".
   SimDevice& sim(int device);
@@ -90,7 +90,7 @@ class PluginState {
   struct Slot {
     std::unique_ptr<Device> device;
     SimDevice* sim = nullptr;  ///< device, when simulated
-    std::unique_ptr<CachingAllocator> allocator;
+    std::unique_ptr<DeviceAllocator> allocator;
   };
   void read_environment();                          // mutex_ held
   std::unique_ptr<Device> open_device(int device);  // mutex_ held

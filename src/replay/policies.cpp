@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cctype>
 
-#include "cistern/caching_allocator.hpp"
+#include "cistern/device_allocator.hpp"
 #include "cistern/errors.hpp"
 #include "plan/planned_allocator.hpp"
 #include "replay/engine.hpp"
@@ -29,8 +29,9 @@ Config pass_through() {
   c.pass_through = true;
   return c;
 }
+// "cistern" and "nocache": the options choose the allocator (nocache is pass_through).
 std::unique_ptr<Allocator> make_cistern(Device& device, const Config& config) {
-  return std::make_unique<CachingAllocator>(device, config);
+  return make_allocator(device, config);
 }
 std::unique_ptr<Allocator> make_torch(Device& device, const Config& config) {
   return std::make_unique<TorchAllocator>(device, config);
@@ -47,7 +48,7 @@ std::unique_ptr<Allocator> make_planned(Device& device, const Config& config) {
   return std::make_unique<plan::PlannedAllocator>(device, options);
 }
 
-/// The policies, in the order help texts list them. "nocache" is cistern in pass-through mode:
+/// The policies, in the order help texts list them. "nocache" is cistern's PassThroughAllocator:
 /// one device allocation per request, returned on free.
 constexpr PolicyKind kPolicies[] = {
     {"cistern", false, defaults, make_cistern},
@@ -97,6 +98,11 @@ void check_policy_options(const std::string& name, const Config& config, const s
                     "own options; the torch policy emulates PyTorch, which has "
                     "neither",
                     text));
+  }
+  if (name == "planned" && config.pass_through) {
+    throw ConfigError("pass_through", fmt::format("policy '{}': the planned policy's fallback "
+                                                  "caches; pass_through is the nocache policy",
+                                                  text));
   }
   if (name == "nocache" && !config.pass_through) {
     throw ConfigError("pass_through", fmt::format("policy '{}': nocache is pass_through by "

@@ -135,7 +135,7 @@ RecordedRun record_run(const trace::Trace& trace, const Policy& policy, const Op
   cold.repeat = 1;
   detail::Replayer replayer(trace, plan, policy, cold, std::move(rig), &hooks);
   Allocator& allocator = replayer.allocator();
-  auto* own = dynamic_cast<CachingAllocator*>(&allocator);
+  auto* own = dynamic_cast<DeviceAllocator*>(&allocator);
   if (own != nullptr) {
     own->record_history(true, SIZE_MAX);
     out.config = own->config();

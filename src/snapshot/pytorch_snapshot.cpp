@@ -174,7 +174,7 @@ std::string pytorch_snapshot_pickle(const std::vector<DeviceRecord>& devices,
   return w.finish();
 }
 
-std::string pytorch_snapshot_pickle(const CachingAllocator& allocator) {
+std::string pytorch_snapshot_pickle(const DeviceAllocator& allocator) {
   DeviceRecord record;
   record.device = allocator.device_index();
   record.snapshot = allocator.snapshot();
@@ -187,7 +187,7 @@ void write_pytorch_snapshot(const std::string& path, const std::vector<DeviceRec
   write_bytes(path, pytorch_snapshot_pickle(devices, config));
 }
 
-void write_pytorch_snapshot(const std::string& path, const CachingAllocator& allocator) {
+void write_pytorch_snapshot(const std::string& path, const DeviceAllocator& allocator) {
   write_bytes(path, pytorch_snapshot_pickle(allocator));
 }
 
