@@ -187,11 +187,11 @@ bool CachingAllocator::Impl::obtain_pages(const StreamPool& pool, const Segment&
 // handle size - one creation per growth, as a classic allocator makes one cudaMalloc per segment
 // (creation is the expensive call) - capped by `max_handle_size` (auto: no cap, or the
 // configured size with a release threshold, so that memory can go back in those steps: a handle
-// returns whole). The size never takes
-// the handles held above the address space of the segments, so the engine never holds more than
-// classic segments placed the same way would. Refused, it tries the deficit, then one page;
-// `ceiling` keeps the sizes refused out of later tries. False when the device or the limit has
-// room for none.
+// returns whole). The size never takes the handles held above the address space of the
+// segments, so the engine never holds more than classic segments placed the same way would.
+// Refused, it tries the deficit, then one page; `ceiling` (lowered to what the device reports
+// free) keeps the sizes refused out of later tries. False when the device or the limit has room
+// for none.
 bool CachingAllocator::Impl::create_handle(const Segment& seg, std::size_t deficit,
                                            std::size_t& ceiling) {
   // Address space not backed: every unmapped page of every segment, less the pooled pages; at
