@@ -205,6 +205,18 @@ CUmemAccessDesc read_write(const CudaDeviceState& s) {
 std::optional<std::string> refuse_run(std::uintptr_t start, const MapPiece* pieces,
                                       std::size_t count, std::size_t unit, std::size_t& total) {
   total = 0;
+  if (count == 1) {  // a plain map
+    const MapPiece& p = pieces[0];
+    total = p.bytes;
+    if (p.bytes == 0 || start % unit != 0 || p.bytes % unit != 0 || p.offset % unit != 0 ||
+        start > std::numeric_limits<std::uintptr_t>::max() - p.bytes) {
+      return fmt::format(
+          "map({}, {}, offset {}): address, size and offset must be "
+          "multiples of the granularity ({}) and the size positive",
+          hex(start), p.bytes, p.offset, format_bytes(unit));
+    }
+    return std::nullopt;
+  }
   for (std::size_t i = 0; i < count; ++i) {
     const MapPiece& piece = pieces[i];
     if (piece.bytes == 0 || piece.bytes % unit != 0 || piece.offset % unit != 0 ||
@@ -386,48 +398,11 @@ Status CudaVmmDevice::release_physical(PhysicalHandle handle) noexcept {
   });
 }
 
+// A map is a run of one piece: the same checks, driver calls and tracking.
 Status CudaVmmDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
                           std::size_t offset) noexcept {
-  CudaDeviceState& s = state();
-  CudaVmmState& vmm = *vmm_;
-  return s.call(DeviceOp::map, [&] {
-    const std::uintptr_t start = address_of(va);
-    const std::size_t unit = vmm.granularity;
-    if (bytes == 0 || start % unit != 0 || bytes % unit != 0 || offset % unit != 0 ||
-        start > std::numeric_limits<std::uintptr_t>::max() - bytes) {
-      return s.invalid(DeviceOp::map,
-                       fmt::format("map({}, {}, offset {}): address, size and offset must be "
-                                   "multiples of the granularity ({}) and the size positive",
-                                   hex(va), bytes, offset, format_bytes(unit)));
-    }
-    const std::lock_guard<std::mutex> lock(vmm.mutex);  // held across the driver calls
-    if (const auto refusal = refuse_map(vmm, start, bytes, handle.handle, offset)) {
-      return s.invalid(DeviceOp::map, *refusal);
-    }
-    const auto describe = [&] {
-      return fmt::format("map({}, {}, handle {}, offset {})", hex(va), format_bytes(bytes),
-                         hex(handle.handle), offset);
-    };
-    const auto guard = s.guard(true);
-    if (guard.error() != cudaSuccess) return s.guard_failure(guard, DeviceOp::map);
-    const CUresult mapped = vmm.driver.mem_map(start, bytes, offset, handle.handle, 0);
-    if (mapped != CUDA_SUCCESS) {
-      return driver_failure(s, vmm, mapped, DeviceOp::map, "cuMemMap", describe);
-    }
-    const CUmemAccessDesc access = read_write(s);
-    const CUresult accessible = vmm.driver.mem_set_access(start, bytes, &access, 1);
-    if (accessible != CUDA_SUCCESS) {
-      (void)vmm.driver.mem_unmap(start, bytes);  // a failed map leaves nothing mapped
-      return driver_failure(s, vmm, accessible, DeviceOp::map, "cuMemSetAccess", describe);
-    }
-    try {
-      vmm.mappings.emplace(start, detail::CudaMapping{start + bytes, handle.handle});
-    } catch (...) {
-      (void)vmm.driver.mem_unmap(start, bytes);
-      throw;
-    }
-    return Status::ok;
-  });
+  const MapPiece piece{handle, offset, bytes};
+  return map_run(va, &piece, 1);
 }
 
 // One cuMemMap per piece, then one cuMemSetAccess over the run, as PyTorch grows an expandable
@@ -446,10 +421,15 @@ Status CudaVmmDevice::map_run(void* va, const MapPiece* pieces, std::size_t coun
     for (std::size_t i = 0; i < count; at += pieces[i++].bytes) {
       if (const auto refusal =
               refuse_map(vmm, at, pieces[i].bytes, pieces[i].handle.handle, pieces[i].offset)) {
-        return s.invalid(DeviceOp::map, fmt::format("map_run piece {}: {}", i, *refusal));
+        return s.invalid(DeviceOp::map,
+                         count == 1 ? *refusal : fmt::format("map_run piece {}: {}", i, *refusal));
       }
     }
     const auto describe = [&] {
+      if (count == 1) {  // a plain map
+        return fmt::format("map({}, {}, handle {}, offset {})", hex(va), format_bytes(total),
+                           hex(pieces[0].handle.handle), pieces[0].offset);
+      }
       return fmt::format("map_run({}, {} in {} pieces)", hex(va), format_bytes(total), count);
     };
     const auto undo = [&](std::size_t mapped) {
