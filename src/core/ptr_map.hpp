@@ -19,7 +19,8 @@ namespace cistern::detail {
 
 class PtrMap {
  public:
-  PtrMap() { rehash(64); }
+  /// `capacity`: the initial slot count, a power of two (the map doubles it as it fills).
+  explicit PtrMap(std::size_t capacity = 64) { rehash(capacity); }
 
   /// Adds `key -> block`; the key must not be present.
   inline __attribute__((always_inline)) void insert(std::uintptr_t key, Block* block) {
