@@ -114,6 +114,7 @@ CostModel distinct_costs() {
   c.map_ns = 100;
   c.access_ns = 300;
   c.unmap_ns = 200;
+  c.unmap_extra_ns = 30;
   c.event_ns = 1000;
   c.sync_stream_ns = 10'000;
   c.sync_event_ns = 20'000;
@@ -241,6 +242,33 @@ TEST(MeteredDevice, PricesAMapRunAsAMapPerPieceAndOneAccess) {
   EXPECT_EQ(meter.calls().unmaps, 3u);
   ASSERT_EQ(meter.release_physical(big), Status::ok);
   ASSERT_EQ(meter.release_physical(small), Status::ok);
+  ASSERT_EQ(meter.release_reservation(va, 8 * MiB), Status::ok);
+  EXPECT_EQ(sim.used_bytes(), 0u);
+}
+
+TEST(MeteredDevice, PricesAnUnmapOfSeveralMappingsAsOneCallAndEachFurtherMapping) {
+  SimDevice sim(small_sim());
+  MeteredDevice meter(sim, distinct_costs());
+  void* va = nullptr;
+  ASSERT_EQ(meter.reserve(8 * MiB, 0, &va), Status::ok);
+  PhysicalHandle handle;
+  ASSERT_EQ(meter.create_physical(8 * MiB, &handle), Status::ok);
+  const MapPiece pieces[] = {
+      {handle, 0, 2 * MiB}, {handle, 2 * MiB, 2 * MiB}, {handle, 4 * MiB, 4 * MiB}};
+  ASSERT_EQ(meter.map_run(va, pieces, 3), Status::ok);
+  const double before = meter.calls().ns;
+  // The first two mappings in one call: its price and one further mapping.
+  ASSERT_EQ(meter.unmap(va, 4 * MiB), Status::ok);
+  EXPECT_EQ(meter.calls().unmaps, 1u);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 30);
+  // A refused unmap (part of a mapping) costs the call and leaves the meter's mappings alone.
+  EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 4 * MiB, 2 * MiB), Status::invalid_argument);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 30 + 200);
+  // The last one, 4 MiB, is one mapping: the call's price only.
+  ASSERT_EQ(meter.unmap(static_cast<char*>(va) + 4 * MiB, 4 * MiB), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 30 + 200 + 200);
+  EXPECT_EQ(meter.calls().unmaps, 2u);
+  ASSERT_EQ(meter.release_physical(handle), Status::ok);
   ASSERT_EQ(meter.release_reservation(va, 8 * MiB), Status::ok);
   EXPECT_EQ(sim.used_bytes(), 0u);
 }

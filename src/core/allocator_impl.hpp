@@ -179,7 +179,8 @@ class CachingAllocator::Impl {
                             const detail::Segment* keep, std::uintptr_t lo, std::uintptr_t hi,
                             Unmap why);
   void wait_for_stream(Stream stream);
-  void unmap_page(detail::StreamPool& pool, detail::Segment& seg, std::size_t page, Unmap why);
+  void unmap_pages(detail::StreamPool& pool, detail::Segment& seg, std::size_t first,
+                   std::size_t end, Unmap why);
   bool release_expandable(detail::StreamPool& pool, detail::Block* b);
   std::size_t release_unused_handles();
   void trim_to_threshold();

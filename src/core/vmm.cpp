@@ -165,9 +165,15 @@ bool CachingAllocator::Impl::map_run_of(StreamPool& pool, Segment& seg, std::siz
 }
 
 // Undoes the maps of a failed map_range (those pages were never handed out, nothing ran on them).
+// `pages` ascending; each run of adjacent pages goes in one unmap.
 void CachingAllocator::Impl::unmap_mapped_now(StreamPool& pool, Segment& seg,
                                               const std::vector<std::size_t>& pages) {
-  for (const std::size_t i : pages) unmap_page(pool, seg, i, Unmap::reclaim);
+  for (std::size_t k = 0; k < pages.size();) {
+    std::size_t run = 1;
+    while (k + run < pages.size() && pages[k + run] == pages[k] + run) ++run;
+    unmap_pages(pool, seg, pages[k], pages[k] + run, Unmap::reclaim);
+    k += run;
+  }
 }
 
 // Makes the page pool hold `n` pages: new handles first, then pages reclaimed from cached free
@@ -283,12 +289,21 @@ std::size_t CachingAllocator::Impl::reclaim_pages(const StreamPool* held, std::s
   }
   const std::vector<FreePage> victims = free_pages(pools_.all(), want, keep, lo, hi);
   const StreamPool* waited = nullptr;
-  for (const FreePage& v : victims) {
+  for (std::size_t k = 0; k < victims.size();) {
+    const FreePage& v = victims[k];
     if (v.pool != waited) {  // victims are grouped by pool
       wait_for_stream(v.pool->stream);
       waited = v.pool;
     }
-    unmap_page(*v.pool, *v.seg, v.page, why);
+    // Adjacent pages of one segment (those of one free block, in order) go in one unmap: a
+    // cuMemUnmap may cover several whole mappings side by side.
+    std::size_t run = 1;
+    while (k + run < victims.size() && victims[k + run].seg == v.seg &&
+           victims[k + run].page == v.page + run) {
+      ++run;
+    }
+    unmap_pages(*v.pool, *v.seg, v.page, v.page + run, why);
+    k += run;
   }
   num_pages_reclaimed_ += static_cast<std::int64_t>(victims.size());
   return victims.size();
@@ -319,17 +334,24 @@ void CachingAllocator::Impl::wait_for_stream(Stream stream) {
   }
 }
 
-// Lock of `pool` held; the page's users have completed. Unmaps it into the page pool.
-void CachingAllocator::Impl::unmap_page(StreamPool& pool, Segment& seg, std::size_t page,
-                                        Unmap why) {
-  detail::check_device(device_, device_.unmap(address(seg, page), seg.page_size), DeviceOp::unmap);
-  page_pool_.put(seg.pages[page]);
-  seg.pages[page] = Segment::kNoPage;
-  ++seg.unmapped_pages;
-  pool.count_mapped(!seg.large, -static_cast<std::int64_t>(seg.page_size));
-  ++num_pages_unmapped_;
-  record(HistoryEntry::Action::segment_unmap, reinterpret_cast<std::uintptr_t>(address(seg, page)),
-         seg.page_size, pool.stream, why == Unmap::reclaim);
+// Lock of `pool` held; pages [first, end) of `seg` are mapped and their users have completed.
+// Unmaps them into the page pool in one call - each page stays a mapping of its own, and one
+// unmap covers the run of them (on a failure nothing is unmapped) - recorded as one
+// segment_unmap, as PyTorch records the unmap of several handles of an expandable segment.
+void CachingAllocator::Impl::unmap_pages(StreamPool& pool, Segment& seg, std::size_t first,
+                                         std::size_t end, Unmap why) {
+  const std::size_t bytes = (end - first) * seg.page_size;
+  detail::check_device(device_, device_.unmap(address(seg, first), bytes), DeviceOp::unmap);
+  for (std::size_t i = first; i < end; ++i) {
+    CISTERN_ASSERT_INTERNAL(seg.pages[i] != Segment::kNoPage);
+    page_pool_.put(seg.pages[i]);
+    seg.pages[i] = Segment::kNoPage;
+  }
+  seg.unmapped_pages += end - first;
+  pool.count_mapped(!seg.large, -static_cast<std::int64_t>(bytes));
+  num_pages_unmapped_ += static_cast<std::int64_t>(end - first);
+  record(HistoryEntry::Action::segment_unmap, reinterpret_cast<std::uintptr_t>(address(seg, first)),
+         bytes, pool.stream, why == Unmap::reclaim);
 }
 
 // --- giving memory back -----------------------------------------------------------------------------------
@@ -340,8 +362,11 @@ bool CachingAllocator::Impl::release_expandable(StreamPool& pool, Block* b) {
   Segment& seg = *b->segment;
   try {
     if (seg.unmapped_pages != seg.pages.size()) wait_for_stream(pool.stream);
-    for (std::size_t i = 0; i < seg.pages.size(); ++i) {
-      if (seg.pages[i] != Segment::kNoPage) unmap_page(pool, seg, i, Unmap::release);
+    for (std::size_t i = 0; i < seg.pages.size();) {  // each run of mapped pages in one unmap
+      std::size_t end = i;
+      while (end < seg.pages.size() && seg.pages[end] != Segment::kNoPage) ++end;
+      if (end > i) unmap_pages(pool, seg, i, end, Unmap::release);
+      i = end + 1;
     }
   } catch (const DeviceError& e) {
     last_release_error_ = e.what();

@@ -28,6 +28,10 @@ CostModel CostModel::defaults() {
   c.map_ns = 1'450;
   c.access_ns = 36'000;
   c.unmap_ns = 25'600;
+  // One cuMemUnmap over several whole mappings side by side: the call's fixed part once, and for
+  // each further mapping the work of taking one out of the page tables - assumed at a cuMemMap's
+  // per-mapping figure, 1.45 us (no public measurement of a multi-mapping unmap was found).
+  c.unmap_extra_ns = 1'450;
   // cudaEventRecord / cudaEventQuery: 1.5-3.7 us on average in published nsys summaries.
   c.event_ns = 2'000;
   // Synchronisations: the host's part of the call only (the replay runs no kernels, so there is

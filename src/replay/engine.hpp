@@ -66,7 +66,8 @@ struct CostModel {
   double release_ns_per_mib = 0;
   double map_ns = 0;          ///< cuMemMap, per call (one mapping)
   double access_ns = 0;       ///< cuMemSetAccess, per call (one run of mappings)
-  double unmap_ns = 0;        ///< cuMemUnmap, per call
+  double unmap_ns = 0;        ///< cuMemUnmap, per call (covering one mapping)
+  double unmap_extra_ns = 0;  ///< cuMemUnmap, each further mapping the same call covers
   double event_ns = 0;        ///< event record / query / stream wait
   double sync_stream_ns = 0;  ///< cudaStreamSynchronize, the host's part (no work is modelled)
   double sync_event_ns = 0;   ///< cudaEventSynchronize, the host's part

@@ -90,11 +90,22 @@ Status MeteredDevice::release_physical(PhysicalHandle handle) noexcept {
   return status;
 }
 
+void MeteredDevice::note_mapping(const void* va, std::size_t bytes) noexcept {
+  const auto start = reinterpret_cast<std::uintptr_t>(va);
+  try {
+    mappings_[start] = start + bytes;
+  } catch (...) {
+    // Out of host memory for the meter's own map: an unmap covering it is priced as one mapping.
+  }
+}
+
 Status MeteredDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
                           std::size_t offset) noexcept {
   const Status status = upstream().map(va, bytes, handle, offset);
   calls_.ns += costs_.map_ns + costs_.access_ns;
-  if (status == Status::ok) ++calls_.maps;
+  if (status != Status::ok) return status;
+  ++calls_.maps;
+  note_mapping(va, bytes);
   return status;
 }
 
@@ -103,14 +114,26 @@ Status MeteredDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
 Status MeteredDevice::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
   const Status status = upstream().map_run(va, pieces, count);
   calls_.ns += costs_.map_ns * static_cast<double>(count) + costs_.access_ns;
-  if (status == Status::ok) calls_.maps += count;
+  if (status != Status::ok) return status;
+  calls_.maps += count;
+  auto* at = static_cast<char*>(va);
+  for (std::size_t i = 0; i < count; at += pieces[i++].bytes) note_mapping(at, pieces[i].bytes);
   return status;
 }
 
+// One call's fixed price, and a smaller one for each further mapping the call covers.
 Status MeteredDevice::unmap(void* va, std::size_t bytes) noexcept {
   const Status status = upstream().unmap(va, bytes);
   calls_.ns += costs_.unmap_ns;
-  if (status == Status::ok) ++calls_.unmaps;
+  if (status != Status::ok) return status;
+  ++calls_.unmaps;
+  const auto start = reinterpret_cast<std::uintptr_t>(va);
+  const auto first = mappings_.lower_bound(start);
+  auto last = first;
+  std::size_t covered = 0;
+  for (; last != mappings_.end() && last->first < start + bytes; ++last) ++covered;
+  mappings_.erase(first, last);
+  if (covered > 1) calls_.ns += costs_.unmap_extra_ns * static_cast<double>(covered - 1);
   return status;
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <unordered_map>
 
 #include "replay/engine.hpp"
@@ -72,13 +73,17 @@ class MeteredDevice final : public ForwardingDevice {
   Status synchronize_device() noexcept override;
 
  private:
+  void note_mapping(const void* va, std::size_t bytes) noexcept;
   Status event_call(Status status, double ns) noexcept;
   Status sync_call(Status status, double ns) noexcept;
 
   CostModel costs_;
   DeviceCalls calls_;
   std::unordered_map<std::uintptr_t, std::size_t> segment_bytes_;  // live segments by address
-  std::unordered_map<std::uint64_t, std::size_t> handle_bytes_;    // live handles by handle
+  // Live mappings made through the adaptor, start -> end: an unmap is priced by how many of
+  // them it covers.
+  std::map<std::uintptr_t, std::uintptr_t> mappings_;
+  std::unordered_map<std::uint64_t, std::size_t> handle_bytes_;  // live handles by handle
 };
 
 }  // namespace cistern::replay::detail
