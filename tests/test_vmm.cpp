@@ -71,6 +71,41 @@ TEST_F(Engine, MapsOnlyThePagesABlockTouchesAndNeighboursShareThem) {
   for (void* p : {a, again, s1, s2}) alloc->deallocate(p, default_stream);
 }
 
+// A best fit on unmapped pages gives way to a larger cached block on mapped ones: at the limit
+// the best fit would take that block's very pages (an unmap and a map for nothing), and with
+// room it would hold a page more.
+TEST_F(Engine, PrefersACachedBlockOnMappedPagesToABestFitThatNeedsPages) {
+  engine("", 18 * MiB);  // nine pages
+  // One 20 MiB segment: a [0, 4), b [4, 8), c [8, 10), d [10, 18) MiB: pages 0-8 mapped, page 9
+  // (under the free tail [18, 20)) not.
+  void* a = alloc->allocate(4 * MiB, default_stream);
+  void* b = alloc->allocate(4 * MiB, default_stream);
+  void* c = alloc->allocate(2 * MiB, default_stream);
+  void* d = alloc->allocate(8 * MiB, default_stream);
+  ASSERT_EQ(addr(d), addr(a) + 10 * MiB);
+  EXPECT_EQ(device->used_bytes(), 18 * MiB);
+  alloc->deallocate(b, default_stream);  // cached on pages 2-3
+  const auto maps = device_calls(DeviceOp::map);
+  const auto unmaps = device_calls(DeviceOp::unmap);
+  const auto creates = device_calls(DeviceOp::create_physical);
+  // 2 MiB: the best fit is the unmapped tail (exactly 2 MiB); b's block serves it on page 2.
+  void* e = alloc->allocate(2 * MiB, default_stream);
+  EXPECT_EQ(e, b);
+  EXPECT_EQ(device_calls(DeviceOp::map), maps);
+  EXPECT_EQ(device_calls(DeviceOp::unmap), unmaps);
+  EXPECT_EQ(device_calls(DeviceOp::create_physical), creates);
+  EXPECT_EQ(stats().num_pages_reclaimed, 0);
+  EXPECT_EQ(alloc->reserved_bytes(), 18 * MiB);
+  alloc->check();
+  // The other half of b's block, on page 3, serves the next one. The one after needs page 9, and
+  // all nine pages the device has are under live blocks: out of memory.
+  void* f = alloc->allocate(2 * MiB, default_stream);
+  EXPECT_EQ(addr(f), addr(b) + 2 * MiB);
+  EXPECT_THROW(alloc->allocate(2 * MiB, default_stream), OutOfMemory);
+  alloc->check();
+  for (void* p : {a, c, d, e, f}) alloc->deallocate(p, default_stream);
+}
+
 TEST_F(Engine, ReclaimsPagesOfOtherStreamsAndTheSmallPoolForOneRequest) {
   engine("", 8 * MiB);  // four pages
   const Stream s1 = device->create_stream();
@@ -137,7 +172,7 @@ TEST_F(Engine, OutOfMemoryEmptiesTheCacheAndAnImpossibleRequestReservesNothing) 
 
 // The error's "largest free block" counts what a request could use without new pages: the
 // free rest of the segment is 13 MiB of address space, of which 1 MiB lies on a mapped page.
-TEST_F(Engine, TheLargestFreeBlockOfAnOutOfMemoryErrorCountsMappedBytesOnly) {
+TEST_F(Engine, TheLargestFreeBlockOfAnOutOfMemoryCountsMappedBytesOnly) {
   engine("", 8 * MiB);
   void* x = alloc->allocate(3 * MiB, default_stream);  // [0, 3) MiB of a 20 MiB segment
   void* y = alloc->allocate(4 * MiB, default_stream);  // [3, 7): pages 0-3 mapped, all 8 MiB

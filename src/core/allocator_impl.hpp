@@ -161,6 +161,9 @@ class CachingAllocator::Impl {
   // passed. Segments are reserved address ranges; pages are mapped where blocks are handed out.
   void* allocate_engine(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
   void* take_mapped(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
+  std::size_t used_part(const detail::Block& b, std::size_t size, bool small) const noexcept;
+  detail::Block* smallest_mapped_fit(const detail::StreamPool& pool, std::size_t size,
+                                     bool small) const;
   detail::Block* new_expandable_segment(detail::StreamPool& pool, std::size_t size, bool small);
   bool map_for(detail::StreamPool& pool, detail::Block* b, std::size_t size, bool small);
   bool map_range(detail::StreamPool& pool, detail::Segment& seg, std::uintptr_t lo,

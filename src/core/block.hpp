@@ -90,6 +90,14 @@ struct Segment {
   std::size_t mapped_bytes() const noexcept {
     return expandable ? (pages.size() - unmapped_pages) * page_size : size;
   }
+  /// Whether every page under [lo, hi), a range of this segment, is mapped (always, classic).
+  bool pages_mapped(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
+    if (unmapped_pages == 0) return true;
+    for (std::size_t i = (lo - base) / page_size; base + i * page_size < hi; ++i) {
+      if (pages[i] == kNoPage) return false;
+    }
+    return true;
+  }
 };
 
 }  // namespace cistern::detail

@@ -65,13 +65,40 @@ void* CachingAllocator::Impl::allocate_engine(StreamPool& pool, std::size_t size
 }
 
 // Pool lock held. The best cached block (or a new segment's) with its pages mapped, or nullptr
-// when the pages cannot be had.
+// when the pages cannot be had. When the best fit lacks pages, the smallest block that can
+// serve the request on pages already mapped is taken instead: the best fit would take pages -
+// new ones, or near the limit the very pages of that mapped block, unmapped and mapped again -
+// where the other needs none (address space is plentiful, pages are not).
 void* CachingAllocator::Impl::take_mapped(StreamPool& pool, std::size_t size, std::size_t bytes,
                                           bool small) {
   Block* b = pool.find(size, small);
+  if (b != nullptr && !b->segment->pages_mapped(b->addr, b->addr + used_part(*b, size, small))) {
+    if (Block* mapped = smallest_mapped_fit(pool, size, small)) b = mapped;
+  }
   if (b == nullptr) b = new_expandable_segment(pool, policy_.segment_size(size), small);
   if (b == nullptr || !map_for(pool, b, size, small)) return nullptr;
   return pool.take(b, size, bytes);
+}
+
+// The part of the free block `b` a request of `size` occupies: all of it, or its first `size`
+// bytes when it is split (map_for's range).
+std::size_t CachingAllocator::Impl::used_part(const Block& b, std::size_t size,
+                                              bool small) const noexcept {
+  return policy_.should_split(b.size, size, small) ? size : b.size;
+}
+
+// Pool lock held. The smallest cached block that may serve `size` with every page under its
+// used part mapped, or nullptr. A scan of the pool's free blocks: only a request whose best fit
+// lacks pages - one that would otherwise call the device - pays for it.
+Block* CachingAllocator::Impl::smallest_mapped_fit(const StreamPool& pool, std::size_t size,
+                                                   bool small) const {
+  Block* best = nullptr;
+  pool.index(small).for_each([&](Block* c) {
+    if (c->size < size || (best != nullptr && c->size >= best->size)) return;
+    if (!policy_.may_serve(c->size, size)) return;
+    if (c->segment->pages_mapped(c->addr, c->addr + used_part(*c, size, small))) best = c;
+  });
+  return best;
 }
 
 // Pool lock held. A new expandable segment (address space only), or nullptr when the device has
@@ -94,7 +121,7 @@ Block* CachingAllocator::Impl::new_expandable_segment(StreamPool& pool, std::siz
 bool CachingAllocator::Impl::map_for(StreamPool& pool, Block* b, std::size_t size, bool small) {
   Segment& seg = *b->segment;
   if (seg.unmapped_pages == 0) return true;
-  const std::size_t used = policy_.should_split(b->size, size, small) ? size : b->size;
+  const std::size_t used = used_part(*b, size, small);
   return map_range(pool, seg, b->addr, b->addr + used, b->addr + b->size);
 }
 
@@ -249,28 +276,67 @@ struct FreePage {
   std::size_t page;
 };
 
-/// Up to `want` mapped pages lying entirely inside cached free blocks, grouped by pool, skipping
-/// [lo, hi) of `keep`. All pool locks held.
+/// Up to `want` mapped pages lying entirely inside cached free blocks, skipping [lo, hi) of
+/// `keep`, grouped by pool. All pool locks held. The longest runs of adjacent free pages are
+/// taken first: a run goes in one unmap call, and the pages of a large cached block serve only
+/// the rare large request, where the few pages under a small block serve the frequent small
+/// ones (taken, each would have to be mapped again on its block's next use).
 std::vector<FreePage> free_pages(const std::vector<std::unique_ptr<StreamPool>>& pools,
                                  std::size_t want, const Segment* keep, std::uintptr_t lo,
                                  std::uintptr_t hi) {
-  std::vector<FreePage> found;
-  for (const auto& pool : pools) {
-    for (Segment* seg = pool->segments(); seg != nullptr && found.size() < want; seg = seg->next) {
+  struct Run {
+    std::size_t pool;
+    Segment* seg;
+    std::size_t first;
+    std::size_t end;
+  };
+  std::vector<Run> runs;
+  for (std::size_t p = 0; p < pools.size(); ++p) {
+    for (Segment* seg = pools[p]->segments(); seg != nullptr; seg = seg->next) {
       if (!seg->expandable || seg->unmapped_pages == seg->pages.size()) continue;
       const std::size_t g = seg->page_size;
-      for (const Block* b = seg->head; b != nullptr && found.size() < want; b = b->next) {
+      for (const Block* b = seg->head; b != nullptr; b = b->next) {
         if (!b->is_free()) continue;
         const std::size_t first = (b->addr - seg->base + g - 1) / g;
         const std::size_t end = (b->addr + b->size - seg->base) / g;
-        for (std::size_t i = first; i < end && found.size() < want; ++i) {
-          if (seg->pages[i] == Segment::kNoPage) continue;
+        for (std::size_t i = first; i < end;) {
           const std::uintptr_t at = seg->base + i * g;
-          if (seg == keep && at < hi && at + g > lo) continue;
-          found.push_back({pool.get(), seg, i});
+          if (seg->pages[i] == Segment::kNoPage || (seg == keep && at < hi && at + g > lo)) {
+            ++i;
+            continue;
+          }
+          std::size_t j = i + 1;
+          while (j < end && seg->pages[j] != Segment::kNoPage &&
+                 !(seg == keep && seg->base + j * g < hi && seg->base + (j + 1) * g > lo)) {
+            ++j;
+          }
+          runs.push_back({p, seg, i, j});
+          i = j;
         }
       }
     }
+  }
+  // Longest first; ties in address order, so that the choice does not depend on the sort.
+  std::stable_sort(runs.begin(), runs.end(),
+                   [](const Run& a, const Run& b) { return a.end - a.first > b.end - b.first; });
+  std::vector<Run> taken;
+  std::size_t pages = 0;
+  for (const Run& r : runs) {
+    if (pages >= want) break;
+    const std::size_t n = std::min(r.end - r.first, want - pages);
+    taken.push_back({r.pool, r.seg, r.first, r.first + n});
+    pages += n;
+  }
+  // Grouped by pool (one wait per pool), each segment's runs in address order.
+  std::stable_sort(taken.begin(), taken.end(), [](const Run& a, const Run& b) {
+    return a.pool != b.pool ? a.pool < b.pool
+           : a.seg != b.seg ? a.seg->base < b.seg->base
+                            : a.first < b.first;
+  });
+  std::vector<FreePage> found;
+  found.reserve(pages);
+  for (const Run& r : taken) {
+    for (std::size_t i = r.first; i < r.end; ++i) found.push_back({pools[r.pool].get(), r.seg, i});
   }
   return found;
 }
