@@ -471,15 +471,21 @@ inline CUresult cu_mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset
 
 inline CUresult cu_mem_unmap(CUdeviceptr ptr, std::size_t size) {
   CISTERN_FAKE_DRIVER("cuMemUnmap", hex(ptr) + " " + std::to_string(size), true);
-  // The driver's rule: exactly the range of one earlier cuMemMap.
-  const auto found = state().mappings.find(ptr);
-  if (found == state().mappings.end() || found->second.bytes != size) {
-    return CUDA_ERROR_INVALID_VALUE;
+  // The driver's rule: whole earlier mappings side by side (never part of one), all or nothing.
+  FakeCuda& s = state();
+  const CUdeviceptr end = ptr + size;
+  auto it = s.mappings.find(ptr);
+  for (CUdeviceptr at = ptr; at < end; at += (it++)->second.bytes) {
+    if (size == 0 || it == s.mappings.end() || it->first != at || at + it->second.bytes > end) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
   }
-  const CUmemGenericAllocationHandle handle = found->second.handle;
-  state().mappings.erase(found);
-  --state().physical.at(handle).mappings;
-  free_physical_if_unused(handle);
+  for (it = s.mappings.find(ptr); it != s.mappings.end() && it->first < end;) {
+    const CUmemGenericAllocationHandle handle = it->second.handle;
+    it = s.mappings.erase(it);
+    --s.physical.at(handle).mappings;
+    free_physical_if_unused(handle);
+  }
   return CUDA_SUCCESS;
 }
 

@@ -8,12 +8,16 @@
 // read-write access for this GPU only. Reservations, handles and mappings are tracked here and
 // every request is checked against them first, so that the contract's `invalid_argument` cases
 // never depend on what a driver version happens to accept, and a failed call changes nothing.
-// An unmap of several mappings unmaps them one by one, because `cuMemUnmap` takes exactly the
-// range of one earlier `cuMemMap`; if the driver fails part way, the range stays tracked as
-// mapped and the same call can be retried. `unmap` does not wait for work that still uses the
-// pages (`cuMemUnmap` does not): the caller synchronises their users first.
+// An unmap of several mappings side by side is one `cuMemUnmap` over the range (the driver takes
+// a range of whole mappings: NVIDIA's vectorAddMMAP sample unmaps the stripes of several
+// devices in one call), so that reclaim pays one call per run of pages. A driver that refuses
+// the range (CUDA_ERROR_INVALID_VALUE, nothing unmapped) gets the mappings one by one instead;
+// if it fails part way, the range stays tracked as mapped and the same call can be retried. `unmap`
+// does not wait for work that still uses the pages (`cuMemUnmap` does not): the caller synchronises
+// their users first.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -513,6 +517,24 @@ Status CudaVmmDevice::unmap(void* va, std::size_t bytes) noexcept {
       const Status status = s.guard_failure(guard, DeviceOp::unmap);
       if (status == Status::ok) vmm.mappings.erase(first, last);  // shut down: nothing is mapped
       return status;
+    }
+    if (std::next(first) != last &&
+        std::none_of(first, last, [](const auto& m) { return m.second.unmapped; })) {
+      const CUresult error = vmm.driver.mem_unmap(start, bytes);
+      if (error == CUDA_SUCCESS) {
+        vmm.mappings.erase(first, last);
+        return Status::ok;
+      }
+      if (error != CUDA_ERROR_INVALID_VALUE) {
+        const Status status = driver_failure(s, vmm, error, DeviceOp::unmap, "cuMemUnmap", [&] {
+          return fmt::format("unmap({}, {}) of {} mappings in one call", hex(va),
+                             format_bytes(bytes), std::distance(first, last));
+        });
+        if (status != Status::ok) return status;  // the whole range stays tracked: retry it
+        vmm.mappings.erase(first, last);          // shut down: nothing is mapped any more
+        return Status::ok;
+      }
+      // Refused as a whole: this driver wants one call per mapping.
     }
     for (auto it = first; it != last; ++it) {
       if (it->second.unmapped) continue;  // by an earlier, failed call of this unmap

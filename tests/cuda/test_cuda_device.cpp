@@ -551,7 +551,7 @@ TEST_F(FakeCudaTest, VmmUnknownDriverErrorsAreStillNamed) {
             "CUresult 12345 (unknown error)");
 }
 
-TEST_F(FakeCudaTest, VmmUnmapTakesSeveralMappingsOneByOne) {
+TEST_F(FakeCudaTest, VmmUnmapsSeveralMappingsInOneCall) {
   const auto device = open_vmm();
   void* va = nullptr;
   PhysicalHandle a;
@@ -563,12 +563,58 @@ TEST_F(FakeCudaTest, VmmUnmapTakesSeveralMappingsOneByOne) {
   ASSERT_EQ(device->map(static_cast<char*>(va) + 2 * MiB, 4 * MiB, b, 0), Status::ok);
   fake().calls.clear();
   ASSERT_EQ(device->unmap(va, 6 * MiB), Status::ok) << device->last_error();
-  EXPECT_EQ(fake().count("cuMemUnmap"), 2u);
+  EXPECT_EQ(fake().count("cuMemUnmap"), 1u);
+  EXPECT_TRUE(fake().called_with(
+      "cuMemUnmap", fmt::format("{:#x} {}", reinterpret_cast<std::uintptr_t>(va), 6 * MiB)));
   EXPECT_TRUE(fake().mappings.empty());
   EXPECT_EQ(device->live_mappings(), 0u);
   EXPECT_EQ(device->release_physical(a), Status::ok);
   EXPECT_EQ(device->release_physical(b), Status::ok);
   EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
+}
+
+TEST_F(FakeCudaTest, VmmUnmapFallsBackToOneCallPerMappingWhenTheDriverRefusesTheRange) {
+  const auto device = open_vmm();
+  void* va = nullptr;
+  PhysicalHandle a;
+  ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
+  ASSERT_EQ(device->create_physical(6 * MiB, &a), Status::ok);
+  char* base = static_cast<char*>(va);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(device->map(base + i * 2 * MiB, 2 * MiB, a, i * 2 * MiB), Status::ok);
+  }
+  fake().calls.clear();
+  fake().fail_next("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);  // the range as a whole
+  ASSERT_EQ(device->unmap(va, 6 * MiB), Status::ok) << device->last_error();
+  EXPECT_EQ(fake().count("cuMemUnmap"), 1u + 3u);
+  EXPECT_TRUE(fake().mappings.empty());
+  EXPECT_EQ(device->live_mappings(), 0u);
+  EXPECT_EQ(device->release_physical(a), Status::ok);
+  EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
+  EXPECT_EQ(fake().used, 0u);
+}
+
+TEST_F(FakeCudaTest, VmmAFailedUnmapOfSeveralMappingsInOneCallChangesNothing) {
+  const auto device = open_vmm();
+  void* va = nullptr;
+  PhysicalHandle a;
+  ASSERT_EQ(device->reserve(4 * MiB, 0, &va), Status::ok);
+  ASSERT_EQ(device->create_physical(4 * MiB, &a), Status::ok);
+  char* base = static_cast<char*>(va);
+  ASSERT_EQ(device->map(base, 2 * MiB, a, 0), Status::ok);
+  ASSERT_EQ(device->map(base + 2 * MiB, 2 * MiB, a, 2 * MiB), Status::ok);
+  fake().fail_next("cuMemUnmap", CUDA_ERROR_UNKNOWN);
+  EXPECT_EQ(device->unmap(va, 4 * MiB), Status::device_error);
+  EXPECT_NE(device->last_error().find("of 2 mappings in one call: cuMemUnmap failed: "
+                                      "CUDA_ERROR_UNKNOWN"),
+            std::string::npos)
+      << device->last_error();
+  EXPECT_EQ(device->live_mappings(), 2u);
+  EXPECT_EQ(fake().mappings.size(), 2u);
+  EXPECT_EQ(device->unmap(va, 4 * MiB), Status::ok) << device->last_error();
+  EXPECT_EQ(device->release_physical(a), Status::ok);
+  EXPECT_EQ(device->release_reservation(va, 4 * MiB), Status::ok);
+  EXPECT_EQ(fake().used, 0u);
 }
 
 TEST_F(FakeCudaTest, VmmAnUnmapThatFailsPartWayLeavesTheRangeMappedForARetry) {
@@ -583,7 +629,9 @@ TEST_F(FakeCudaTest, VmmAnUnmapThatFailsPartWayLeavesTheRangeMappedForARetry) {
   ASSERT_EQ(device->map(base, 2 * MiB, a, 2 * MiB), Status::ok);
   ASSERT_EQ(device->map(base + 2 * MiB, 2 * MiB, a, 0), Status::ok);
   ASSERT_EQ(device->map(base + 4 * MiB, 2 * MiB, b, 0), Status::ok);
-  // The first cuMemUnmap succeeds, the second fails.
+  // A driver that takes one mapping per call: the range as a whole is refused, then the first
+  // mapping's cuMemUnmap succeeds and the second fails.
+  fake().fail_next("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
   fake().fail_next("cuMemUnmap", CUDA_SUCCESS);
   fake().fail_next("cuMemUnmap", CUDA_ERROR_UNKNOWN);
   EXPECT_EQ(device->unmap(base, 6 * MiB), Status::device_error);
