@@ -145,6 +145,13 @@ Json cost_model(const std::vector<CallSeries>& series) {
   fields["map_ns"] = median_of(series, "map_2mib");
   fields["access_ns"] = median_of(series, "set_access_2mib");
   fields["unmap_ns"] = median_of(series, "unmap_2mib");
+  // Each further mapping one cuMemUnmap covers: ten mappings in one call against one alone.
+  const Json one = median_of(series, "unmap_2mib");
+  const Json ten = median_of(series, "unmap_10x2mib");
+  fields["unmap_extra_ns"] =
+      one.is_null() || ten.is_null()
+          ? Json()
+          : Json(std::max(0.0, (ten.get<double>() - one.get<double>()) / 9.0));
   fields["event_ns"] = median_of(series, "event_query");
 
   Json calls;
@@ -159,6 +166,7 @@ Json cost_model(const std::vector<CallSeries>& series) {
     calls["unmap_call_ns_" + s] = median_of(series, "unmap_" + s);
   }
   calls["set_access_10x2mib_ns"] = median_of(series, "set_access_10x2mib");
+  calls["unmap_10x2mib_ns"] = median_of(series, "unmap_10x2mib");
   calls["event_record_ns"] = median_of(series, "event_record");
   calls["event_query_ns"] = median_of(series, "event_query");
   calls["sync_ns"] = median_of(series, "stream_sync");

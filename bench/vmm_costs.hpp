@@ -48,7 +48,7 @@ const CallSeries* find_series(const std::vector<CallSeries>& series, const std::
 /// The cost model's figures (docs/cost-model.md) from the measured medians, in ns. Two parts:
 /// "fields" holds the fields the model has (alloc_ns, alloc_ns_per_mib, free_ns, free_ns_per_mib,
 /// create_ns, create_ns_per_mib, release_ns, release_ns_per_mib, map_ns, access_ns, unmap_ns,
-/// event_ns), each a drop-in replacement for its default;
+/// unmap_extra_ns, event_ns), each a drop-in replacement for its default;
 /// "calls" the finer figures a model that prices handle creation, per-call mapping and reclaim's
 /// synchronisations apart takes (create_ns_2mib, map_call_ns_20mib, sync_ns, ...). A figure whose
 /// series was not measured is null.
