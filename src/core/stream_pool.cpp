@@ -43,12 +43,12 @@ void EventPool::release(Event event) {
 
 StreamPool::StreamPool(Stream s, const SizePolicy& policy, const Config& config,
                        std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history,
-                       BlockMap& blocks)
+                       RegionTable& regions)
     : stream(s),
       policy_(policy),
       shared_(shared),
       history_(history),
-      blocks_(blocks),
+      regions_(regions),
       park_small_blocks_(config.park_small_blocks),
       exact_peaks_(config.exact_peaks),
       park_shift_(static_cast<unsigned>(log2_floor(config.min_block_size))) {
@@ -178,7 +178,10 @@ void StreamPool::synchronize_events(Device& device) {
 
 // --- segments ------------------------------------------------------------------------------------------
 
-void StreamPool::link_segment(Segment* s) noexcept {
+// Global lock held (RegionTable writes); the table learns of the segment before any block of it
+// can be handed out.
+void StreamPool::link_segment(Segment* s) {
+  regions_.add(*s, this);
   s->owner = this;
   s->prev = nullptr;
   s->next = segments_;
@@ -193,6 +196,7 @@ void StreamPool::unlink_segment(Segment* s) noexcept {
   if (s->next != nullptr) s->next->prev = s->prev;
   s->prev = s->next = nullptr;
   s->owner = nullptr;
+  regions_.remove(*s, this);
   --segment_count_;
 }
 
@@ -212,8 +216,8 @@ Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool l
   segment->head = b;
   b->addr = base;
   b->size = size;
-  b->segment = segment.get();
-  link_segment(segment.release());
+  link_segment(segment.get());  // may throw; the segment is still owned here then
+  b->segment = segment.release();
   const bool small = !large;
   stats_.inc(StatKind::segment, small, 1);
   stats_.inc(StatKind::reserved_bytes, small,

@@ -1,12 +1,15 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
 // StreamPool: everything one stream owns - its segments, its cached blocks (small and large
-// indexes), its allocated blocks, its pending frees - behind one lock.
+// indexes), its allocated blocks (its own pointer map), its pending frees - behind one lock.
 //
 // The cache-hit path of the allocator is entirely inside one pool: find a block, split it,
-// record it; free it, coalesce it, index it. Nothing here calls the device except the event
-// operations of pending frees. Methods marked "pool lock held" must be called with `mutex` locked;
-// the allocator takes its global lock as well before it touches two pools or the device.
+// record it in the pool's map; free it, coalesce it, index it. A same-stream pair takes one lock
+// each way, the pool's. Other threads find a pointer through the allocator's RegionTable, which
+// names the pool whose segment holds it; linking and unlinking segments here keeps that table
+// current. Nothing here calls the device except the event operations of pending frees. Methods
+// marked "pool lock held" must be called with `mutex` locked; the allocator takes its global lock
+// as well before it touches two pools or the device.
 #pragma once
 
 #include <atomic>
@@ -19,12 +22,13 @@
 
 #include "block.hpp"
 #include "block_index.hpp"
-#include "block_map.hpp"
 #include "cistern/types.hpp"
 #include "debug_assert.hpp"
 #include "history_log.hpp"
 #include "hot.hpp"
 #include "pool_stats.hpp"
+#include "ptr_map.hpp"
+#include "region_table.hpp"
 #include "size_policy.hpp"
 #include "spin_lock.hpp"
 
@@ -94,7 +98,7 @@ class StreamPool {
  public:
   StreamPool(Stream stream, const SizePolicy& policy, const Config& config,
              std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history,
-             BlockMap& blocks);
+             RegionTable& regions);
   ~StreamPool();
 
   /// At most this many blocks of one size are parked; more are coalesced at once.
@@ -144,16 +148,16 @@ class StreamPool {
     return reinterpret_cast<void*>(b->addr);
   }
 
-  /// Removes this pool's allocated block at `addr` from the allocator-wide pointer map and
-  /// returns it (nullptr if no block of this pool is allocated there): the first step of every
-  /// free. Follow with `release`, or give it back with `restore`.
+  /// Removes this pool's allocated block at `addr` from the pool's pointer map and returns it
+  /// (nullptr if no block of this pool is allocated there): the first step of every free. Follow
+  /// with `release`, or give it back with `restore`.
   CISTERN_HOT Block* extract_allocated(std::uintptr_t addr) noexcept {
-    return blocks_.extract_owned(addr, this);
+    return allocated_.extract(addr);
   }
   /// Puts an extracted block back, unchanged.
-  void restore(Block* b) { blocks_.insert(b->addr, b); }
-  /// The allocated block at `addr` (of any pool), or nullptr.
-  Block* find_allocated(std::uintptr_t addr) const noexcept { return blocks_.find(addr); }
+  void restore(Block* b) { allocated_.insert(b->addr, b); }
+  /// This pool's allocated block at `addr`, or nullptr.
+  Block* find_allocated(std::uintptr_t addr) const noexcept { return allocated_.find(addr); }
 
   /// Frees an extracted block that no other stream uses: it is cached at once.
   CISTERN_HOT void release(Block* b) noexcept {
@@ -257,8 +261,10 @@ class StreamPool {
   Segment* segments() const noexcept { return segments_; }
   std::size_t segment_count() const noexcept { return segment_count_; }
   const BlockIndex& index(bool small) const noexcept { return indexes_[small ? 0 : 1]; }
-  /// Blocks of this pool that are allocated (in the pointer map).
+  /// Blocks of this pool that are allocated.
   std::size_t allocated_count() const noexcept { return allocated_count_; }
+  /// Entries in the pool's pointer map (allocated_count() when consistent).
+  std::size_t mapped_count() const noexcept { return allocated_.size(); }
   const std::vector<PendingQueue>& pending() const noexcept { return pending_; }
   std::size_t pending_count() const noexcept { return pending_count_; }
   /// allocated_bytes of this pool, readable without the lock.
@@ -281,7 +287,7 @@ class StreamPool {
   CISTERN_HOT void hand_out(Block* b, std::size_t requested, bool small) {
     b->state = BlockState::allocated;
     b->requested = requested;
-    blocks_.insert(b->addr, b);
+    allocated_.insert(b->addr, b);
     ++allocated_count_;
     const auto size = static_cast<std::int64_t>(b->size);
     stats_.inc(StatKind::allocation, small, 1);
@@ -351,7 +357,7 @@ class StreamPool {
   void coalesce(Block* b) noexcept;
   void absorb(Block* into, Block* gone) noexcept;
   void join(Block* into, Block* gone) noexcept;
-  void link_segment(Segment* s) noexcept;
+  void link_segment(Segment* s);  // throws (nothing linked) if the region table cannot grow
   void unlink_segment(Segment* s) noexcept;
 
   const SizePolicy& policy_;
@@ -359,7 +365,8 @@ class StreamPool {
   std::atomic<HistoryLog*>& history_;
   BlockIndex indexes_[2];  // small, large
   Block* whole_[2] = {nullptr, nullptr};
-  BlockMap& blocks_;  // the allocator's pointer map
+  RegionTable& regions_;  // the allocator's map of regions to pools (segment links update it)
+  PtrMap allocated_;      // this pool's allocated blocks by address
   std::size_t allocated_count_ = 0;
   std::vector<PendingQueue> pending_;
   std::size_t pending_count_ = 0;
