@@ -45,6 +45,9 @@ class PoolTable {
  public:
   /// The pool of `stream`, or nullptr if none exists yet.
   detail::StreamPool* find(Stream stream) const noexcept {
+    // Most processes allocate on one stream: its pool is found without hashing.
+    detail::StreamPool* first = first_.load(std::memory_order_acquire);
+    if (first != nullptr && first->stream == stream) return first;
     std::size_t i = slot_of(stream);
     for (std::size_t probes = 0; probes < kSlots; ++probes, i = (i + 1) & (kSlots - 1)) {
       detail::StreamPool* pool = slots_[i].load(std::memory_order_acquire);
@@ -65,6 +68,7 @@ class PoolTable {
   }
   detail::StreamPool* find_overflow(Stream stream) const;
 
+  std::atomic<detail::StreamPool*> first_{nullptr};  // the pool created first
   std::atomic<detail::StreamPool*> slots_[kSlots] = {};
   std::vector<std::unique_ptr<detail::StreamPool>> all_;
   mutable std::shared_mutex overflow_mutex_;

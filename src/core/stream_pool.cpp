@@ -69,19 +69,19 @@ StreamPool::~StreamPool() {
 
 // --- index bookkeeping ------------------------------------------------------------------------------
 
-void StreamPool::index_block(Block* b) noexcept {
-  index(!b->segment->large).insert(b);
-  list(b);
+void StreamPool::index_block(Block* b, bool small) noexcept {
+  index(small).insert(b);
+  list(b, small);
 }
 
-void StreamPool::unindex(Block* b) noexcept {
-  index(!b->segment->large).remove(b);
-  unlist(b);
+void StreamPool::unindex(Block* b, bool small) noexcept {
+  index(small).remove(b);
+  unlist(b, small);
 }
 
 // Merges the free neighbour `gone` into `into` (both in the same segment, adjacent).
-void StreamPool::absorb(Block* into, Block* gone) noexcept {
-  unindex(gone);
+void StreamPool::absorb(Block* into, Block* gone, bool small) noexcept {
+  unindex(gone, small);
   join(into, gone);
   arena_.recycle(gone);
 }
@@ -93,7 +93,7 @@ void StreamPool::flush_parked() noexcept {
       b->left = nullptr;
       uncount_split(b, true);
       b->state = BlockState::free;
-      coalesce(b);
+      coalesce(b, true);
     }
     parked_count_[bin] = 0;
     parked_listed_[bin] = 0;
@@ -223,7 +223,7 @@ Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool l
   stats_.inc(StatKind::reserved_bytes, small,
              static_cast<std::int64_t>(b->segment->mapped_bytes()));
   if (policy_.is_oversize(size)) stats_.add_oversize_segments(1);
-  index_block(b);
+  index_block(b, small);
   publish_stats();  // segment changes are rare: keep allocator-wide reserved peaks exact
   return b;
 }
@@ -232,7 +232,7 @@ Segment* StreamPool::remove_whole_segment(Block* b, bool count_as_freed) {
   Segment* segment = b->segment;
   const bool small = !segment->large;
   const auto size = static_cast<std::int64_t>(segment->mapped_bytes());
-  unindex(b);
+  unindex(b, small);
   unlink_segment(segment);
   if (count_as_freed) {
     stats_.dec(StatKind::segment, small, 1);
@@ -256,7 +256,7 @@ void StreamPool::adopt_segment(Segment* segment) {
   stats_.transfer(StatKind::reserved_bytes, small,
                   static_cast<std::int64_t>(segment->mapped_bytes()));
   if (policy_.is_oversize(segment->size)) stats_.transfer_oversize_segments(1);
-  index_block(segment->head);
+  index_block(segment->head, small);
   publish_stats();
 }
 

@@ -59,6 +59,17 @@ class BlockArena {
     b->next = free_;
     free_ = b;
   }
+  /// Recycles a free block just merged into its neighbour: a free block of a split segment,
+  /// uncounted, already holds what `recycle` resets but its links.
+  CISTERN_HOT void recycle_merged(Block* b) noexcept {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->requested == 0 &&
+                            b->stream_uses.empty() && b->pending_events == 0 && !b->counted_split &&
+                            b->whole_prev == nullptr && b->whole_next == nullptr);
+    b->prev = b->left = b->right = nullptr;
+    b->segment = nullptr;
+    b->next = free_;
+    free_ = b;
+  }
 
  private:
   void grow();
@@ -139,9 +150,9 @@ class StreamPool {
     const bool small = !b->segment->large;
     CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->size >= size && size >= requested);
     if (policy_.should_split(b->size, size, small)) {
-      split(b, size);
+      split(b, size, small);
     } else {
-      unindex(b);
+      unindex(b, small);
     }
     hand_out(b, requested, small);
     after_hot_operation();
@@ -313,7 +324,7 @@ class StreamPool {
     if (!b->stream_uses.empty()) b->stream_uses.clear();
     if (small && park_small_blocks_ && !b->is_whole_segment() && park(b)) return;
     b->state = BlockState::free;
-    coalesce(b);
+    coalesce(b, small);
   }
   void mirror_allocated(std::int64_t delta) noexcept {
     allocated_mirror_.store(allocated_mirror_.load(std::memory_order_relaxed) + delta,
@@ -348,19 +359,21 @@ class StreamPool {
   void begin_pending(Block* b, std::size_t events) noexcept;
   void enqueue(Block* b, Event event, Stream stream);
 
-  // Index bookkeeping: the block index, the whole-segment list and inactive_split.
-  void index_block(Block* b) noexcept;
-  void unindex(Block* b) noexcept;
-  void list(Block* b) noexcept;    // the bookkeeping of index_block beside the BlockIndex
-  void unlist(Block* b) noexcept;  // the bookkeeping of unindex beside the BlockIndex
-  void split(Block* b, std::size_t size);
-  void coalesce(Block* b) noexcept;
-  void absorb(Block* into, Block* gone) noexcept;
+  // Index bookkeeping: the block index, the whole-segment list and inactive_split. `small`: the
+  // block's segment is not large (passed down rather than read again through b->segment, which
+  // every store to a block makes the compiler reload).
+  void index_block(Block* b, bool small) noexcept;
+  void unindex(Block* b, bool small) noexcept;
+  void list(Block* b, bool small) noexcept;    // index_block's bookkeeping beside the BlockIndex
+  void unlist(Block* b, bool small) noexcept;  // unindex's bookkeeping beside the BlockIndex
+  void split(Block* b, std::size_t size, bool small);
+  void coalesce(Block* b, bool small) noexcept;
+  void absorb(Block* into, Block* gone, bool small) noexcept;
   void join(Block* into, Block* gone) noexcept;
   void link_segment(Segment* s);  // throws (nothing linked) if the region table cannot grow
   void unlink_segment(Segment* s) noexcept;
 
-  const SizePolicy& policy_;
+  const SizePolicy policy_;  // a copy: one load per size rule on the hot path
   std::atomic<SharedStats*>& shared_;
   std::atomic<HistoryLog*>& history_;
   BlockIndex indexes_[2];  // small, large
@@ -391,8 +404,8 @@ class StreamPool {
 // Every pair of a cache hit splits and coalesces: these run inside allocate and deallocate
 // rather than as calls (a call and its register saves cost as much as the work).
 
-CISTERN_HOT void StreamPool::list(Block* b) noexcept {
-  const bool small = !b->segment->large;
+CISTERN_HOT void StreamPool::list(Block* b, bool small) noexcept {
+  CISTERN_ASSERT_INTERNAL(small == !b->segment->large);
   b->gc_base = lookups_[small ? 0 : 1];
   if (!b->is_whole_segment()) {
     count_split(b, small);
@@ -405,8 +418,8 @@ CISTERN_HOT void StreamPool::list(Block* b) noexcept {
   head = b;
 }
 
-CISTERN_HOT void StreamPool::unlist(Block* b) noexcept {
-  const bool small = !b->segment->large;
+CISTERN_HOT void StreamPool::unlist(Block* b, bool small) noexcept {
+  CISTERN_ASSERT_INTERNAL(small == !b->segment->large);
   if (b->counted_split) {
     uncount_split(b, small);
     return;
@@ -420,7 +433,7 @@ CISTERN_HOT void StreamPool::unlist(Block* b) noexcept {
 
 // Cuts the indexed free block `b` to `size` and takes it out of the index; the rest becomes a
 // new free block right after it, indexed in b's place (BlockIndex::replace: usually no search).
-CISTERN_HOT void StreamPool::split(Block* b, std::size_t size) {
+CISTERN_HOT void StreamPool::split(Block* b, std::size_t size, bool small) {
   Block* rest = arena_.make();
   rest->addr = b->addr + size;
   rest->size = b->size - size;
@@ -429,10 +442,10 @@ CISTERN_HOT void StreamPool::split(Block* b, std::size_t size) {
   rest->next = b->next;
   if (b->next != nullptr) b->next->prev = rest;
   b->next = rest;
-  unlist(b);
-  index(!b->segment->large).replace(b, rest);  // b still has its old size (its index key)
+  unlist(b, small);
+  index(small).replace(b, rest);  // b still has its old size (its index key)
   b->size = size;
-  list(rest);
+  list(rest, small);
 }
 
 // The block list and sizes of absorb; leaves `gone` itself (its index key) untouched.
@@ -449,22 +462,22 @@ CISTERN_HOT void StreamPool::join(Block* into, Block* gone) noexcept {
   into->size += gone->size;
 }
 
-CISTERN_HOT void StreamPool::coalesce(Block* b) noexcept {
+CISTERN_HOT void StreamPool::coalesce(Block* b, bool small) noexcept {
   Block* prev = b->prev != nullptr && b->prev->is_free() ? b->prev : nullptr;
   Block* next = b->next != nullptr && b->next->is_free() ? b->next : nullptr;
   if ((prev == nullptr) == (next == nullptr)) {  // no free neighbour, or two
-    if (prev != nullptr) absorb(b, prev);
-    if (next != nullptr) absorb(b, next);
-    index_block(b);
+    if (prev != nullptr) absorb(b, prev, small);
+    if (next != nullptr) absorb(b, next, small);
+    index_block(b, small);
     return;
   }
   // One free neighbour (the common case): the merged block takes its place in the index.
   Block* gone = prev != nullptr ? prev : next;
-  unlist(gone);
+  unlist(gone, small);
   join(b, gone);
-  index(!b->segment->large).replace(gone, b);
-  arena_.recycle(gone);
-  list(b);
+  index(small).replace(gone, b);
+  arena_.recycle_merged(gone);
+  list(b, small);
 }
 
 }  // namespace cistern::detail
