@@ -15,7 +15,9 @@ std::uint64_t last_region(const Segment& s) noexcept {
 
 }  // namespace
 
-// The nodes first (this may throw), then the counts: a failure leaves no region counted.
+// The nodes first (this may throw), then the counts: a failure leaves no region counted. Nodes
+// are never freed before the table, so a segment added again (taken over by another pool) finds
+// its nodes and cannot fail.
 void RegionTable::add(const Segment& segment, StreamPool* pool) {
   CISTERN_ASSERT_INTERNAL(segment.size != 0 && pool != nullptr);
   for (std::uint64_t r = first_region(segment); r <= last_region(segment); ++r) make(r);
@@ -24,7 +26,9 @@ void RegionTable::add(const Segment& segment, StreamPool* pool) {
 
 void RegionTable::remove(const Segment& segment, StreamPool* pool) noexcept {
   for (std::uint64_t r = first_region(segment); r <= last_region(segment); ++r) {
-    remove(const_cast<Entry&>(*find(r)), pool);  // added with the segment: the entry exists
+    const Entry* e = find(r);
+    CISTERN_ASSERT_INTERNAL(e != nullptr);  // added with the segment: the entry exists
+    remove(const_cast<Entry&>(*e), pool);
   }
 }
 
