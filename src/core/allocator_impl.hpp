@@ -45,9 +45,11 @@ class PoolTable {
  public:
   /// The pool of `stream`, or nullptr if none exists yet.
   detail::StreamPool* find(Stream stream) const noexcept {
-    // Most processes allocate on one stream: its pool is found without hashing.
+    // Most processes allocate on one stream: its pool is found without hashing. The stream is
+    // compared with a copy kept here, not with first->stream, which shares a cache line with that
+    // pool's lock: threads on other streams would otherwise pull the line from its owner.
     detail::StreamPool* first = first_.load(std::memory_order_acquire);
-    if (first != nullptr && first->stream == stream) return first;
+    if (first != nullptr && first_stream_ == stream.handle) return first;
     std::size_t i = slot_of(stream);
     for (std::size_t probes = 0; probes < kSlots; ++probes, i = (i + 1) & (kSlots - 1)) {
       detail::StreamPool* pool = slots_[i].load(std::memory_order_acquire);
@@ -69,6 +71,7 @@ class PoolTable {
   detail::StreamPool* find_overflow(Stream stream) const;
 
   std::atomic<detail::StreamPool*> first_{nullptr};  // the pool created first
+  std::uintptr_t first_stream_ = 0;  // its stream's handle, written before first_ is published
   std::atomic<detail::StreamPool*> slots_[kSlots] = {};
   std::vector<std::unique_ptr<detail::StreamPool>> all_;
   mutable std::shared_mutex overflow_mutex_;

@@ -50,7 +50,10 @@ CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, st
 void PoolTable::add(std::unique_ptr<StreamPool> pool) {
   StreamPool* raw = pool.get();
   all_.push_back(std::move(pool));
-  if (all_.size() == 1) first_.store(raw, std::memory_order_release);
+  if (all_.size() == 1) {
+    first_stream_ = raw->stream.handle;
+    first_.store(raw, std::memory_order_release);
+  }
   std::size_t i = slot_of(raw->stream);
   for (std::size_t probes = 0; probes < kSlots; ++probes, i = (i + 1) & (kSlots - 1)) {
     if (slots_[i].load(std::memory_order_relaxed) == nullptr) {
