@@ -50,6 +50,38 @@ TEST(BlockIndex, BinsAreMonotonicAndCoverAllSizes) {
   EXPECT_EQ(BlockIndex::bin_of(20 * MiB), BlockIndex::bin_of(20 * MiB - 512));
 }
 
+// same_bin, the hot path's shortcut, against bin_of: every pair of sizes (multiples of 512) near
+// bin and octave boundaries, and random pairs of sizes up to 2^57 with a fixed seed.
+TEST(BlockIndex, SameBinAgreesWithBinOf) {
+  std::vector<std::size_t> sizes;
+  for (int log2 = 9; log2 <= 57; ++log2) {
+    const std::size_t edge = std::size_t{1} << log2;
+    for (std::size_t d = 0; d <= 4 * 512; d += 512) {
+      sizes.push_back(edge + d);
+      if (edge > d) sizes.push_back(edge - d);
+    }
+    sizes.push_back(edge + (edge >> 6));  // the next sub-bin's edge
+  }
+  for (std::size_t size = 512; size <= 128 * KiB; size += 512) sizes.push_back(size);
+  for (const std::size_t a : sizes) {
+    if (a < 512) continue;
+    for (const std::size_t b : sizes) {
+      if (b < 512) continue;
+      ASSERT_EQ(BlockIndex::same_bin(a, b), BlockIndex::bin_of(a) == BlockIndex::bin_of(b))
+          << a << " " << b;
+    }
+  }
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 200000; ++i) {
+    const int shift = static_cast<int>(rng() % 48);
+    const std::size_t a = ((rng() >> shift) | 1u) * 512 % (std::size_t{1} << 57) + 512;
+    const std::size_t b = rng() % 2 == 0 ? a + (rng() % 64) * 512 : ((rng() >> shift) | 1u) * 512;
+    if (b < 512 || b > (std::size_t{1} << 57)) continue;
+    ASSERT_EQ(BlockIndex::same_bin(a, b), BlockIndex::bin_of(a) == BlockIndex::bin_of(b))
+        << a << " " << b;
+  }
+}
+
 TEST(BlockIndex, BestFitMatchesAnOrderedSetOnRandomOperations) {
   for (const std::uint64_t seed : {1u, 2u, 3u}) {
     std::mt19937_64 rng(seed);

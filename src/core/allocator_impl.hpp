@@ -8,9 +8,13 @@
 // (the global lock) is taken first by everything that calls the device for segments, touches
 // more than one pool, or creates a pool; a thread holding several pool locks always holds the
 // global lock, so pool locks never deadlock. Order: global, then pools (any order), then the
-// pointer map's shard locks, the event pool's mutex and the device's own lock, which are leaves.
-// A free, record_stream and allocation_size find the block in the pointer map (one shard lock)
-// and then lock its owner pool, never the global lock, unless the pointer is invalid.
+// event pool's mutex and the device's own lock, which are leaves.
+// Finding a pointer: each pool maps its own allocated blocks, and the region table (written
+// under the global lock, read without one) names the pools whose segments lie in the pointer's
+// 2 MiB region. A free on the allocating stream looks in that stream's pool alone (one lock); a
+// free on another stream, record_stream, allocation_size and base_allocation read the region
+// table and lock the owner pool, one pool lock at a time, never the global lock unless the
+// pointer is invalid (or its region is crowded by the segments of more than two pools).
 #pragma once
 
 #include <atomic>
@@ -25,12 +29,12 @@
 #include <utility>
 #include <vector>
 
-#include "block_map.hpp"
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
 #include "history_log.hpp"
 #include "page_pool.hpp"
 #include "pool_stats.hpp"
+#include "region_table.hpp"
 #include "size_policy.hpp"
 #include "stream_pool.hpp"
 
@@ -41,6 +45,11 @@ class PoolTable {
  public:
   /// The pool of `stream`, or nullptr if none exists yet.
   detail::StreamPool* find(Stream stream) const noexcept {
+    // Most processes allocate on one stream: its pool is found without hashing. The stream is
+    // compared with a copy kept here, not with first->stream, which shares a cache line with that
+    // pool's lock: threads on other streams would otherwise pull the line from its owner.
+    detail::StreamPool* first = first_.load(std::memory_order_acquire);
+    if (first != nullptr && first_stream_ == stream.handle) return first;
     std::size_t i = slot_of(stream);
     for (std::size_t probes = 0; probes < kSlots; ++probes, i = (i + 1) & (kSlots - 1)) {
       detail::StreamPool* pool = slots_[i].load(std::memory_order_acquire);
@@ -61,6 +70,8 @@ class PoolTable {
   }
   detail::StreamPool* find_overflow(Stream stream) const;
 
+  std::atomic<detail::StreamPool*> first_{nullptr};  // the pool created first
+  std::uintptr_t first_stream_ = 0;  // its stream's handle, written before first_ is published
   std::atomic<detail::StreamPool*> slots_[kSlots] = {};
   std::vector<std::unique_ptr<detail::StreamPool>> all_;
   mutable std::shared_mutex overflow_mutex_;
@@ -127,12 +138,16 @@ class CachingAllocator::Impl {
   void* allocate_slow(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
   void deallocate_slow(std::uintptr_t addr, Stream stream);
   /// The allocated block at `addr` with its owner pool's lock taken (the caller unlocks), or
-  /// {nullptr, nullptr} if no block is allocated there. Needs no global lock.
-  std::pair<detail::StreamPool*, detail::Block*> lock_owner(std::uintptr_t addr);
-  /// The allocated block at `addr` taken out of the pointer map, with its owner pool's lock
-  /// taken (the caller unlocks), or {nullptr, nullptr}: lock_owner and extract_allocated in one
-  /// probe fewer.
-  std::pair<detail::StreamPool*, detail::Block*> extract_with_owner(std::uintptr_t addr);
+  /// {nullptr, nullptr} if none of the pools to try has it: those the region table names, and,
+  /// with `exact` (global lock held), every pool when the region is crowded. `take` removes the
+  /// block from its pool's map (the first step of a free). Without `exact` no global lock is
+  /// needed, and a miss is final only under it: the pointer may lie in a crowded region.
+  std::pair<detail::StreamPool*, detail::Block*> lock_owner(std::uintptr_t addr, bool take,
+                                                            bool exact) const noexcept;
+  /// lock_owner without the global lock, then, on a miss, with it (taken for that look only).
+  /// An invalid pointer: throws InvalidPointer naming `what`.
+  std::pair<detail::StreamPool*, detail::Block*> lock_allocated(std::uintptr_t addr,
+                                                                const char* what) const;
   void free_block(detail::StreamPool& pool, detail::Block* b, Stream stream);
   void free_with_events(detail::StreamPool& pool, detail::Block* b, Stream stream);
   bool free_with_uses(detail::StreamPool& pool, detail::Block* b, Stream stream);
@@ -192,13 +207,14 @@ class CachingAllocator::Impl {
 
   // Inspection helpers (inspect.cpp).
   void check_pool(const detail::StreamPool& pool, Stats& totals) const;
+  void check_regions() const;
 
   Device& device_;
   Config config_;
   detail::SizePolicy policy_;
   detail::EventPool events_;
-  mutable std::mutex mutex_;  // the global lock
-  detail::BlockMap blocks_;   // every pool's allocated blocks (before pools_: outlives them)
+  mutable std::mutex mutex_;     // the global lock
+  detail::RegionTable regions_;  // region -> owner pools (before pools_: outlives them)
   PoolTable pools_;
   mutable detail::SharedStats shared_stats_;           // written by publication, also from reads
   std::atomic<detail::SharedStats*> shared_{nullptr};  // set once a second pool exists

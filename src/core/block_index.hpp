@@ -21,11 +21,13 @@
 // blocks held.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 
 #include "block.hpp"
+#include "debug_assert.hpp"
 #include "hot.hpp"
 #include "size_policy.hpp"
 
@@ -70,6 +72,8 @@ class BlockIndex {
 
   /// The bin of a size.
   static int bin_of(std::size_t size) noexcept;
+  /// Whether two sizes share a bin: bin_of(a) == bin_of(b), in fewer instructions.
+  static bool same_bin(std::size_t a, std::size_t b) noexcept;
 
  private:
   template <class F>
@@ -118,12 +122,24 @@ inline int BlockIndex::bin_of(std::size_t size) noexcept {
   return (1 << kSubBinBits) + ((octave - kLinearLimitLog2) << kSubBinBits) + sub;
 }
 
+// Two sizes share a bin when their `size - 1` agree above the bin's step: bit 9 and up in the
+// linear range, bit octave - 6 and up above it (the octave's leading bit and the six bits of the
+// sub-bin). A different octave differs in a bit above the step of either, so one shift - the
+// step of `a`'s bin - decides. Sizes are at least 512, so `a - 1` has a leading bit.
+inline bool BlockIndex::same_bin(std::size_t a, std::size_t b) noexcept {
+  const std::size_t below_a = a - 1;
+  const int step_log2 = std::max(kLinearShift, log2_floor(below_a) - kSubBinBits);
+  return ((below_a ^ (b - 1)) >> step_log2) == 0;
+}
+
 // Inline, as the rest of the hot path: the common case of replace (old alone in its bin, fresh
 // in the same bin) and the best-fit search.
 CISTERN_HOT void BlockIndex::replace(Block* old, Block* fresh) noexcept {
   const int bin = old->bin;
   Block*& root = roots_[static_cast<std::size_t>(bin)];
-  if (root == old && old->left == nullptr && old->right == nullptr && bin_of(fresh->size) == bin) {
+  CISTERN_ASSERT_INTERNAL(same_bin(old->size, fresh->size) == (bin_of(fresh->size) == bin));
+  if (root == old && old->left == nullptr && old->right == nullptr &&
+      same_bin(old->size, fresh->size)) {
     fresh->bin = old->bin;  // alone, and the bin stays the same: fresh takes the root
     fresh->left = fresh->right = nullptr;
     root = fresh;

@@ -50,6 +50,10 @@ CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, st
 void PoolTable::add(std::unique_ptr<StreamPool> pool) {
   StreamPool* raw = pool.get();
   all_.push_back(std::move(pool));
+  if (all_.size() == 1) {
+    first_stream_ = raw->stream.handle;
+    first_.store(raw, std::memory_order_release);
+  }
   std::size_t i = slot_of(raw->stream);
   for (std::size_t probes = 0; probes < kSlots; ++probes, i = (i + 1) & (kSlots - 1)) {
     if (slots_[i].load(std::memory_order_relaxed) == nullptr) {
@@ -155,7 +159,7 @@ StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
     first.stats().mark_published();
     shared_.store(&shared_stats_, std::memory_order_relaxed);
   }
-  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_, history_, blocks_);
+  auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_, history_, regions_);
   StreamPool& ref = *pool;
   pools_.add(std::move(pool));
   return ref;
@@ -275,9 +279,9 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
       freed = true;
     }
   }
-  // Another stream's block (the pointer map names its owner), or misuse.
+  // Another stream's block (the region table names its owner), or misuse.
   if (!freed) {
-    auto [pool, b] = extract_with_owner(addr);
+    auto [pool, b] = lock_owner(addr, /*take=*/true, /*exact=*/false);
     if (pool != nullptr) {
       std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
       free_block(*pool, b, stream);
@@ -289,42 +293,55 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   if (trims_) trim_to_threshold();
 }
 
-std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_owner(std::uintptr_t addr) {
-  for (;;) {
-    Block* b = blocks_.find(addr);
-    if (b == nullptr) return {nullptr, nullptr};
-    // The owner of a segment with an allocated block cannot change (only whole free segments
-    // move); if the block was freed meanwhile (misuse), the check below sees it.
-    StreamPool* pool = b->segment->owner;
-    pool->mutex.lock();
-    if (blocks_.find(addr) == b && b->segment->owner == pool) return {pool, b};
-    pool->mutex.unlock();
-  }
+namespace {
+
+// Locks `pool` and looks for its allocated block at `addr` (taking it out of the map if `take`);
+// keeps the lock only when the block is there.
+Block* lock_if_allocated(StreamPool& pool, std::uintptr_t addr, bool take) noexcept {
+  pool.mutex.lock();
+  Block* b = take ? pool.extract_allocated(addr) : pool.find_allocated(addr);
+  if (b == nullptr) pool.mutex.unlock();
+  return b;
 }
 
-std::pair<StreamPool*, Block*> CachingAllocator::Impl::extract_with_owner(std::uintptr_t addr) {
-  for (;;) {
-    const Block* b = blocks_.find(addr);
-    if (b == nullptr) return {nullptr, nullptr};
-    StreamPool* pool = b->segment->owner;
-    pool->mutex.lock();
-    // Under the owner's lock the block cannot change pools; the extraction checks the owner
-    // again in the same probe (another thread may have freed the block meanwhile).
-    if (Block* got = pool->extract_allocated(addr)) return {pool, got};
-    pool->mutex.unlock();
+}  // namespace
+
+std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_owner(std::uintptr_t addr, bool take,
+                                                                  bool exact) const noexcept {
+  // Whatever the table says, the pool's own map decides: a pool found stale (its segment here
+  // taken over meanwhile, which never happens to a segment with an allocated block) has no
+  // block at `addr`.
+  const detail::RegionOwners owners = regions_.owners(addr);
+  for (StreamPool* pool : owners.pools) {
+    if (pool == nullptr) continue;
+    if (Block* b = lock_if_allocated(*pool, addr, take)) return {pool, b};
   }
+  if (exact && owners.crowded) {
+    for (const auto& pool : pools_.all()) {
+      if (Block* b = lock_if_allocated(*pool, addr, take)) return {pool.get(), b};
+    }
+  }
+  return {nullptr, nullptr};
 }
 
-// Misuse, or a block freed by another thread while this one looked for it: under the global
-// lock, free it if it is still allocated, else say what the pointer is.
+std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_allocated(std::uintptr_t addr,
+                                                                      const char* what) const {
+  if (auto found = lock_owner(addr, /*take=*/false, /*exact=*/false); found.first != nullptr) {
+    return found;
+  }
+  std::lock_guard<std::mutex> global(mutex_);
+  auto found = lock_owner(addr, /*take=*/false, /*exact=*/true);
+  if (found.first == nullptr) throw_invalid_pointer(addr, what);
+  return found;
+}
+
+// Misuse, a pointer of a crowded region, or a block freed by another thread while this one
+// looked for it: under the global lock, free it if it is still allocated, else say what the
+// pointer is.
 void CachingAllocator::Impl::deallocate_slow(std::uintptr_t addr, Stream stream) {
   std::lock_guard<std::mutex> global(mutex_);
-  StreamPool* pool = lock_owner(addr).first;
-  Block* b = pool != nullptr ? pool->extract_allocated(addr) : nullptr;
-  if (b == nullptr) {
-    if (pool != nullptr) pool->mutex.unlock();  // freed by another thread meanwhile
-    throw_invalid_pointer(addr, "deallocate");
-  }
+  auto [pool, b] = lock_owner(addr, /*take=*/true, /*exact=*/true);
+  if (pool == nullptr) throw_invalid_pointer(addr, "deallocate");
   std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
   free_block(*pool, b, stream);
 }
@@ -389,12 +406,7 @@ bool CachingAllocator::Impl::free_after_one_stream(StreamPool& pool, Block* b, S
 }
 
 void CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  auto [pool, b] = lock_owner(addr);
-  if (pool == nullptr) {
-    std::lock_guard<std::mutex> global(mutex_);
-    throw_invalid_pointer(addr, "record_stream");
-  }
+  auto [pool, b] = lock_allocated(reinterpret_cast<std::uintptr_t>(ptr), "record_stream");
   std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
   if (stream == pool->stream) return;  // the allocating stream is always waited for
   auto& uses = b->stream_uses;
@@ -402,34 +414,28 @@ void CachingAllocator::Impl::record_stream(void* ptr, Stream stream) {
 }
 
 std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  std::size_t size = 0;
-  // An allocated block's size does not change until it is freed, which needs its map entry.
-  if (blocks_.with(addr, [&size](const Block& b) { size = b.size; })) return size;
-  std::lock_guard<std::mutex> global(mutex_);
-  throw_invalid_pointer(addr, "allocation_size");
+  auto [pool, b] = lock_allocated(reinterpret_cast<std::uintptr_t>(ptr), "allocation_size");
+  std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+  return b->size;
 }
 
 std::optional<std::size_t> CachingAllocator::Impl::requested_size(void* ptr) const noexcept {
-  std::size_t requested = 0;
-  // As in allocation_size: the entry pins the block, whose requested size is fixed until freed.
-  const bool found =
-      blocks_.with(reinterpret_cast<std::uintptr_t>(ptr),
-                   [&requested](const Block& b) noexcept { requested = b.requested; });
-  if (!found) return std::nullopt;
-  return requested;
+  // lock_allocated's two looks, without its error.
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto found = lock_owner(addr, /*take=*/false, /*exact=*/false);
+  if (found.first == nullptr) {
+    std::lock_guard<std::mutex> global(mutex_);
+    found = lock_owner(addr, /*take=*/false, /*exact=*/true);
+  }
+  if (found.first == nullptr) return std::nullopt;
+  std::lock_guard<detail::SpinLock> lock(found.first->mutex, std::adopt_lock);
+  return found.second->requested;
 }
 
 std::pair<void*, std::size_t> CachingAllocator::Impl::base_allocation(void* ptr) const {
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  std::pair<void*, std::size_t> base{nullptr, 0};
-  // A segment holding an allocated block is neither released nor moved to another pool.
-  const bool found = blocks_.with(addr, [&base](const Block& b) {
-    base = {reinterpret_cast<void*>(b.segment->base), b.segment->size};
-  });
-  if (found) return base;
-  std::lock_guard<std::mutex> global(mutex_);
-  throw_invalid_pointer(addr, "base_allocation");
+  auto [pool, b] = lock_allocated(reinterpret_cast<std::uintptr_t>(ptr), "base_allocation");
+  std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+  return {reinterpret_cast<void*>(b->segment->base), b->segment->size};
 }
 
 // --- history --------------------------------------------------------------------------------------------

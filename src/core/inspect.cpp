@@ -276,6 +276,10 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
   expect(segments == pool.segment_count(), pool, "segment count disagrees with the list");
   expect(parked == pool.parked_count(), pool, "parking lists hold blocks not parked here");
   expect(allocated == pool.allocated_count(), pool, "allocated-block count disagrees");
+  if (pool.mapped_count() != allocated) {
+    violated(pool, fmt::format("the pointer map holds {} blocks but the segments {} allocated ones",
+                               pool.mapped_count(), allocated));
+  }
   for (const bool small : {true, false}) {
     const detail::BlockIndex& index = pool.index(small);
     if (const char* problem = index.check()) violated(pool, problem);
@@ -400,25 +404,74 @@ void CachingAllocator::Impl::check_pages(
   }
 }
 
+// The region table names, for every region, the pools whose segments overlap it, so that a lookup
+// finds every allocated block: the counts add up to the segments there, a named pool has at
+// least its count of segments there, and a pool not named is reachable through `crowded`. No
+// region without a segment is counted.
+void CachingAllocator::Impl::check_regions() const {
+  auto fail = [](std::uint64_t region, const std::string& what) {
+    throw InvariantViolation(fmt::format("cistern::check: region table, region {:#x}: {}",
+                                         region << detail::RegionTable::kRegionShift, what));
+  };
+  std::map<std::uint64_t, std::map<const StreamPool*, std::uint32_t>> expected;
+  for (const auto& pool : pools_.all()) {
+    for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
+      const std::uint64_t last = (s->base + s->size - 1) >> detail::RegionTable::kRegionShift;
+      for (std::uint64_t r = s->base >> detail::RegionTable::kRegionShift; r <= last; ++r) {
+        ++expected[r][pool.get()];
+      }
+    }
+  }
+  std::size_t regions = 0;
+  regions_.for_each([&](std::uint64_t r, const detail::RegionTable::Entry& e) {
+    ++regions;
+    const auto found = expected.find(r);
+    if (found == expected.end()) fail(r, "counted, but no segment lies in it");
+    const auto& owners = found->second;
+    std::uint32_t total = 0;
+    for (const auto& owner : owners) total += owner.second;
+    if (e.segments[0] + e.segments[1] + e.others != total) {
+      fail(r, fmt::format("counts {} segments but {} lie in it",
+                          e.segments[0] + e.segments[1] + e.others, total));
+    }
+    const StreamPool* named[2] = {e.pools[0].load(), e.pools[1].load()};
+    for (int i = 0; i < 2; ++i) {
+      if ((named[i] == nullptr) != (e.segments[i] == 0)) fail(r, "an owner without segments");
+      if (named[i] == nullptr) continue;
+      const auto own = owners.find(named[i]);
+      if (own == owners.end() || own->second < e.segments[i]) {
+        fail(r, "names a pool with fewer segments in it than counted");
+      }
+    }
+    if (named[0] != nullptr && named[0] == named[1]) fail(r, "names one pool twice");
+    if (e.crowded.load() != (e.others != 0)) fail(r, "crowded flag disagrees with the counts");
+    for (const auto& owner : owners) {
+      if (owner.first != named[0] && owner.first != named[1] && !e.crowded.load()) {
+        fail(r, fmt::format("the pool of stream {:#x} has a segment here but cannot be found",
+                            owner.first->stream.handle));
+      }
+    }
+  });
+  if (regions != expected.size()) {
+    throw InvariantViolation(
+        fmt::format("cistern::check: region table counts {} regions but the segments overlap {}",
+                    regions, expected.size()));
+  }
+}
+
 void CachingAllocator::Impl::check() const {
   std::lock_guard<std::mutex> global(mutex_);
   AllPoolsLock locks(pools_, nullptr);
   Stats totals;
   std::vector<const detail::Segment*> expandable;
-  std::size_t allocated = 0;
   for (const auto& pool : pools_.all()) {
     check_pool(*pool, totals);
     pool->publish_stats();
-    allocated += pool->allocated_count();
     for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
       if (s->expandable) expandable.push_back(s);
     }
   }
-  if (blocks_.size() != allocated) {
-    throw InvariantViolation(
-        fmt::format("cistern::check: the pointer map holds {} blocks but the pools {}",
-                    blocks_.size(), allocated));
-  }
+  check_regions();
   const std::int64_t reserved = totals.get(StatKind::reserved_bytes, StatPool::all).current;
   if (vmm_) {
     check_pages(expandable);  // reserved memory is the handles held, not the segments

@@ -106,7 +106,7 @@ class PassThroughAllocator::Impl {
 
   Device& device_;
   Config config_;
-  detail::SizePolicy policy_;  // refers to config_
+  detail::SizePolicy policy_;  // config_'s size options
   mutable std::mutex mutex_;   // guards everything below but the two atomics
   std::unordered_map<std::uintptr_t, Live> live_;
   Stats stats_;                              // exact: every change is made under mutex_

@@ -86,8 +86,11 @@ class SharedStats {
 
 /// One pool's statistics; see the file comment.
 ///
-/// To keep the hot path short, the small- and large-pool rows are kept in full, the "all" row
-/// only as current value and peak (its running sums are the sums of the rows), and the three
+/// To keep the hot path short, the small- and large-pool rows keep their current value, peak and
+/// allocated sum, the freed sum derived from them (freed = allocated - current + base, `base`
+/// moving only when a segment changes pools or the sums are reset); the "all" row keeps only its
+/// peak (its current value and sums are those of the rows added up). A decrement is then one
+/// subtraction. The three
 /// activity statistics are derived: `active`, `active_bytes` and `requested_bytes` are the
 /// allocated blocks (`allocation`, `allocated_bytes`, the requested bytes of allocated blocks,
 /// stored in the `requested_bytes` row) plus the pending ones (counted here). While nothing is
@@ -100,22 +103,18 @@ class PoolStats {
   /// Raises a stored statistic of the pool kind (small/large) and of "all" by `delta` >= 0.
   CISTERN_HOT void inc(StatKind kind, bool small, std::int64_t delta) noexcept {
     const int k = static_cast<int>(kind);
-    Stat& row = rows_[k][small ? 0 : 1];
+    Row& row = rows_[k][small ? 0 : 1];
     row.current += delta;
     row.allocated += delta;
     if (row.current > row.peak) row.peak = row.current;
-    Level& all = all_[k];
-    all.current += delta;
-    if (all.current > all.peak) all.peak = all.current;
+    const std::int64_t all = row.current + rows_[k][small ? 1 : 0].current;
+    if (all > all_peak_[k]) all_peak_[k] = all;
   }
-  /// Lowers a stored statistic by `delta` >= 0 (peaks cannot change).
+  /// Lowers a stored statistic by `delta` >= 0 (peaks cannot change; freed is derived).
   CISTERN_HOT void dec(StatKind kind, bool small, std::int64_t delta) noexcept {
-    const int k = static_cast<int>(kind);
-    Stat& row = rows_[k][small ? 0 : 1];
-    CISTERN_ASSERT_INTERNAL(delta >= 0 && row.current >= delta && all_[k].current >= delta);
+    Row& row = rows_[static_cast<int>(kind)][small ? 0 : 1];
+    CISTERN_ASSERT_INTERNAL(delta >= 0 && row.current >= delta);
     row.current -= delta;
-    row.freed += delta;
-    all_[k].current -= delta;
   }
   void add_oversize_allocations(std::int64_t delta) noexcept {
     oversize_allocations_.update(delta);
@@ -125,8 +124,10 @@ class PoolStats {
   /// allocated or freed: a segment changing owner is neither.
   void transfer(StatKind kind, bool small, std::int64_t delta) noexcept {
     const int k = static_cast<int>(kind);
-    move(rows_[k][small ? 0 : 1].current, rows_[k][small ? 0 : 1].peak, delta);
-    move(all_[k].current, all_[k].peak, delta);
+    Row& row = rows_[k][small ? 0 : 1];
+    move(row.current, row.peak, delta);
+    row.base += delta;  // neither allocated nor freed
+    all_peak_[k] = std::max(all_peak_[k], all_current(k));
   }
   void transfer_oversize_segments(std::int64_t delta) noexcept {
     move(oversize_segments_.current, oversize_segments_.peak, delta);
@@ -207,7 +208,7 @@ class PoolStats {
     const int d = derived_index(kind);
     const int k = static_cast<int>(d < 0 ? kind : kBaseKinds[d]);
     const std::int64_t stored = pool == StatPool::all
-                                    ? all_[k].current
+                                    ? all_current(k)
                                     : rows_[k][pool == StatPool::small_pool ? 0 : 1].current;
     return d < 0 ? stored : stored + pending_amount(d, pool);
   }
@@ -217,13 +218,13 @@ class PoolStats {
   /// All statistics in PyTorch's shape.
   void export_to(Stats& s) const noexcept {
     for (int k = 0; k < kStatKinds; ++k) {
-      s.array[k][1] = rows_[k][0];
-      s.array[k][2] = rows_[k][1];
+      s.array[k][1] = rows_[k][0].stat();
+      s.array[k][2] = rows_[k][1].stat();
       Stat& all = s.array[k][0];
-      all.current = all_[k].current;
-      all.peak = all_[k].peak;
-      all.allocated = rows_[k][0].allocated + rows_[k][1].allocated;
-      all.freed = rows_[k][0].freed + rows_[k][1].freed;
+      all.current = all_current(k);
+      all.peak = all_peak_[k];
+      all.allocated = s.array[k][1].allocated + s.array[k][2].allocated;
+      all.freed = s.array[k][1].freed + s.array[k][2].freed;
     }
     // The derived statistics: stored (allocated blocks) plus pending blocks; every allocation
     // activates, every completed free deactivates.
@@ -261,8 +262,8 @@ class PoolStats {
   /// Sets every peak to its current value.
   void reset_peaks() noexcept {
     for (int k = 0; k < kStatKinds; ++k) {
-      for (Stat& row : rows_[k]) row.peak = row.current;
-      all_[k].peak = all_[k].current;
+      for (Row& row : rows_[k]) row.peak = row.current;
+      all_peak_[k] = all_current(k);
     }
     for (int d = 0; d < kDerived; ++d) {
       for (int q = 0; q < kStatPools; ++q) {
@@ -274,8 +275,12 @@ class PoolStats {
   }
   /// Zeroes the running sums.
   void reset_sums() noexcept {
-    for (auto& row : rows_)
-      for (Stat& s : row) s.allocated = s.freed = 0;
+    for (auto& row : rows_) {
+      for (Row& r : row) {
+        r.allocated = 0;
+        r.base = r.current;  // freed = 0
+      }
+    }
     for (int d = 0; d < kDerived; ++d) {
       for (int q = 0; q < kStatPools; ++q) {
         pending_at_reset_[d][q] = pending_amount(d, static_cast<StatPool>(q));
@@ -286,10 +291,19 @@ class PoolStats {
   }
 
  private:
-  struct Level {
+  // A small- or large-pool row: freed = allocated - current + base.
+  struct Row {
     std::int64_t current = 0;
     std::int64_t peak = 0;
+    std::int64_t allocated = 0;
+    std::int64_t base = 0;
+    Stat stat() const noexcept {
+      return Stat{current, peak, allocated, allocated - current + base};
+    }
   };
+  std::int64_t all_current(int k) const noexcept {
+    return rows_[k][0].current + rows_[k][1].current;
+  }
   struct Pending {
     std::int64_t blocks = 0;
     std::int64_t bytes = 0;
@@ -320,8 +334,8 @@ class PoolStats {
     if (current > peak) peak = current;
   }
 
-  Stat rows_[kStatKinds][2];  // small, large; the active rows stay unused (derived)
-  Level all_[kStatKinds];
+  Row rows_[kStatKinds][2];  // small, large; the active rows stay unused (derived)
+  std::int64_t all_peak_[kStatKinds] = {};
   Stat oversize_allocations_;
   Stat oversize_segments_;
   Pending pending_[2];  // small, large

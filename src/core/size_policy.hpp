@@ -6,6 +6,7 @@
 // parameterised by `Config`.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -25,15 +26,29 @@ constexpr std::size_t round_up(std::size_t x, std::size_t to) noexcept {
 inline int log2_floor(std::uint64_t x) noexcept { return 63 - __builtin_clzll(x); }
 
 /// The policy, precomputed from a `Config`.
+///
+/// It keeps its own copy of the size options rather than a pointer to the Config: every request
+/// reads several of them (in round, may_serve, should_split, is_oversize), and a copy held by
+/// value in the pool is one load each instead of two. The size options never change after an
+/// allocator is built (set_memory_fraction changes only the limit).
 class SizePolicy {
  public:
-  explicit SizePolicy(const Config& config) : config_(&config) {
-    for (const std::uint32_t d : config.roundup_power2_divisions) rounds_to_divisions_ |= d > 1;
+  explicit SizePolicy(const Config& config)
+      : min_block_size_(config.min_block_size),
+        small_size_(config.small_size),
+        small_segment_size_(config.small_segment_size),
+        min_large_alloc_(config.min_large_alloc),
+        large_segment_size_(config.large_segment_size),
+        round_large_(config.round_large),
+        max_split_size_(config.max_split_size),
+        max_non_split_rounding_(config.max_non_split_rounding),
+        divisions_(config.roundup_power2_divisions) {
+    for (const std::uint32_t d : divisions_) rounds_to_divisions_ |= d > 1;
   }
 
   /// The block size that serves a request of `bytes` (0 < bytes <= kMaxRequest).
   std::size_t round(std::size_t bytes) const noexcept {
-    const std::size_t min_block = config_->min_block_size;
+    const std::size_t min_block = min_block_size_;
     if (bytes <= min_block) return min_block;
     if (!rounds_to_divisions_) return round_up(bytes, min_block);
     const std::uint32_t divisions = divisions_for(bytes);
@@ -42,32 +57,31 @@ class SizePolicy {
   }
 
   /// Whether a rounded size is served from the small pool.
-  bool is_small(std::size_t rounded) const noexcept { return rounded <= config_->small_size; }
+  bool is_small(std::size_t rounded) const noexcept { return rounded <= small_size_; }
 
   /// The segment obtained from the device for a rounded request that found no cached block.
   std::size_t segment_size(std::size_t rounded) const noexcept {
-    if (is_small(rounded)) return config_->small_segment_size;
-    if (rounded < config_->min_large_alloc) return config_->large_segment_size;
-    return round_up(rounded, config_->round_large);
+    if (is_small(rounded)) return small_segment_size_;
+    if (rounded < min_large_alloc_) return large_segment_size_;
+    return round_up(rounded, round_large_);
   }
 
   /// Whether a cached block of `block_size` may serve a request of rounded size `size`
   /// (the oversize rules of `max_split_size`).
   bool may_serve(std::size_t block_size, std::size_t size) const noexcept {
-    const std::size_t max_split = config_->max_split_size;
-    if (size < max_split) return block_size < max_split;
-    return block_size < size + config_->max_non_split_rounding;
+    if (size < max_split_size_) return block_size < max_split_size_;
+    return block_size < size + max_non_split_rounding_;
   }
 
   /// Whether a block of `block_size` serving `size` is split, leaving the rest cached.
   bool should_split(std::size_t block_size, std::size_t size, bool small) const noexcept {
     const std::size_t rest = block_size - size;
-    if (small) return rest >= config_->min_block_size;
-    return size < config_->max_split_size && rest > config_->small_size;
+    if (small) return rest >= min_block_size_;
+    return size < max_split_size_ && rest > small_size_;
   }
 
   /// Whether a block or segment counts as oversize.
-  bool is_oversize(std::size_t size) const noexcept { return size >= config_->max_split_size; }
+  bool is_oversize(std::size_t size) const noexcept { return size >= max_split_size_; }
 
  private:
   // PyTorch's interval index: floor(log2(bytes)) - 20, clamped to the table.
@@ -75,7 +89,7 @@ class SizePolicy {
     int index = log2_floor(bytes) - 20;
     if (index < 0) index = 0;
     if (index >= kRoundupIntervals) index = kRoundupIntervals - 1;
-    return config_->roundup_power2_divisions[static_cast<std::size_t>(index)];
+    return divisions_[static_cast<std::size_t>(index)];
   }
 
   // Rounds up to the next of `divisions` equal steps between two powers of two; powers of two
@@ -88,7 +102,15 @@ class SizePolicy {
     return round_up(bytes, step);
   }
 
-  const Config* config_;
+  std::size_t min_block_size_;
+  std::size_t small_size_;
+  std::size_t small_segment_size_;
+  std::size_t min_large_alloc_;
+  std::size_t large_segment_size_;
+  std::size_t round_large_;
+  std::size_t max_split_size_;
+  std::size_t max_non_split_rounding_;
+  std::array<std::uint32_t, kRoundupIntervals> divisions_;
   bool rounds_to_divisions_ = false;  // some interval has roundup_power2_divisions > 1
 };
 

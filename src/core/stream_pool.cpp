@@ -43,12 +43,12 @@ void EventPool::release(Event event) {
 
 StreamPool::StreamPool(Stream s, const SizePolicy& policy, const Config& config,
                        std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history,
-                       BlockMap& blocks)
+                       RegionTable& regions)
     : stream(s),
       policy_(policy),
       shared_(shared),
       history_(history),
-      blocks_(blocks),
+      regions_(regions),
       park_small_blocks_(config.park_small_blocks),
       exact_peaks_(config.exact_peaks),
       park_shift_(static_cast<unsigned>(log2_floor(config.min_block_size))) {
@@ -69,19 +69,19 @@ StreamPool::~StreamPool() {
 
 // --- index bookkeeping ------------------------------------------------------------------------------
 
-void StreamPool::index_block(Block* b) noexcept {
-  index(!b->segment->large).insert(b);
-  list(b);
+void StreamPool::index_block(Block* b, bool small) noexcept {
+  index(small).insert(b);
+  list(b, small);
 }
 
-void StreamPool::unindex(Block* b) noexcept {
-  index(!b->segment->large).remove(b);
-  unlist(b);
+void StreamPool::unindex(Block* b, bool small) noexcept {
+  index(small).remove(b);
+  unlist(b, small);
 }
 
 // Merges the free neighbour `gone` into `into` (both in the same segment, adjacent).
-void StreamPool::absorb(Block* into, Block* gone) noexcept {
-  unindex(gone);
+void StreamPool::absorb(Block* into, Block* gone, bool small) noexcept {
+  unindex(gone, small);
   join(into, gone);
   arena_.recycle(gone);
 }
@@ -93,7 +93,7 @@ void StreamPool::flush_parked() noexcept {
       b->left = nullptr;
       uncount_split(b, true);
       b->state = BlockState::free;
-      coalesce(b);
+      coalesce(b, true);
     }
     parked_count_[bin] = 0;
     parked_listed_[bin] = 0;
@@ -178,7 +178,10 @@ void StreamPool::synchronize_events(Device& device) {
 
 // --- segments ------------------------------------------------------------------------------------------
 
-void StreamPool::link_segment(Segment* s) noexcept {
+// Global lock held (RegionTable writes); the table learns of the segment before any block of it
+// can be handed out.
+void StreamPool::link_segment(Segment* s) {
+  regions_.add(*s, this);
   s->owner = this;
   s->prev = nullptr;
   s->next = segments_;
@@ -193,6 +196,7 @@ void StreamPool::unlink_segment(Segment* s) noexcept {
   if (s->next != nullptr) s->next->prev = s->prev;
   s->prev = s->next = nullptr;
   s->owner = nullptr;
+  regions_.remove(*s, this);
   --segment_count_;
 }
 
@@ -212,14 +216,14 @@ Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool l
   segment->head = b;
   b->addr = base;
   b->size = size;
-  b->segment = segment.get();
-  link_segment(segment.release());
+  link_segment(segment.get());  // may throw; the segment is still owned here then
+  b->segment = segment.release();
   const bool small = !large;
   stats_.inc(StatKind::segment, small, 1);
   stats_.inc(StatKind::reserved_bytes, small,
              static_cast<std::int64_t>(b->segment->mapped_bytes()));
   if (policy_.is_oversize(size)) stats_.add_oversize_segments(1);
-  index_block(b);
+  index_block(b, small);
   publish_stats();  // segment changes are rare: keep allocator-wide reserved peaks exact
   return b;
 }
@@ -228,7 +232,7 @@ Segment* StreamPool::remove_whole_segment(Block* b, bool count_as_freed) {
   Segment* segment = b->segment;
   const bool small = !segment->large;
   const auto size = static_cast<std::int64_t>(segment->mapped_bytes());
-  unindex(b);
+  unindex(b, small);
   unlink_segment(segment);
   if (count_as_freed) {
     stats_.dec(StatKind::segment, small, 1);
@@ -252,7 +256,7 @@ void StreamPool::adopt_segment(Segment* segment) {
   stats_.transfer(StatKind::reserved_bytes, small,
                   static_cast<std::int64_t>(segment->mapped_bytes()));
   if (policy_.is_oversize(segment->size)) stats_.transfer_oversize_segments(1);
-  index_block(segment->head);
+  index_block(segment->head, small);
   publish_stats();
 }
 

@@ -1,12 +1,15 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
 // StreamPool: everything one stream owns - its segments, its cached blocks (small and large
-// indexes), its allocated blocks, its pending frees - behind one lock.
+// indexes), its allocated blocks (its own pointer map), its pending frees - behind one lock.
 //
 // The cache-hit path of the allocator is entirely inside one pool: find a block, split it,
-// record it; free it, coalesce it, index it. Nothing here calls the device except the event
-// operations of pending frees. Methods marked "pool lock held" must be called with `mutex` locked;
-// the allocator takes its global lock as well before it touches two pools or the device.
+// record it in the pool's map; free it, coalesce it, index it. A same-stream pair takes one lock
+// each way, the pool's. Other threads find a pointer through the allocator's RegionTable, which
+// names the pool whose segment holds it; linking and unlinking segments here keeps that table
+// current. Nothing here calls the device except the event operations of pending frees. Methods
+// marked "pool lock held" must be called with `mutex` locked; the allocator takes its global lock
+// as well before it touches two pools or the device.
 #pragma once
 
 #include <atomic>
@@ -19,12 +22,13 @@
 
 #include "block.hpp"
 #include "block_index.hpp"
-#include "block_map.hpp"
 #include "cistern/types.hpp"
 #include "debug_assert.hpp"
 #include "history_log.hpp"
 #include "hot.hpp"
 #include "pool_stats.hpp"
+#include "ptr_map.hpp"
+#include "region_table.hpp"
 #include "size_policy.hpp"
 #include "spin_lock.hpp"
 
@@ -52,6 +56,17 @@ class BlockArena {
     b->pending_events = 0;
     b->state = BlockState::free;
     b->counted_split = false;
+    b->next = free_;
+    free_ = b;
+  }
+  /// Recycles a free block just merged into its neighbour: a free block of a split segment,
+  /// uncounted, already holds what `recycle` resets but its links.
+  CISTERN_HOT void recycle_merged(Block* b) noexcept {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->requested == 0 &&
+                            b->stream_uses.empty() && b->pending_events == 0 && !b->counted_split &&
+                            b->whole_prev == nullptr && b->whole_next == nullptr);
+    b->prev = b->left = b->right = nullptr;
+    b->segment = nullptr;
     b->next = free_;
     free_ = b;
   }
@@ -94,7 +109,7 @@ class StreamPool {
  public:
   StreamPool(Stream stream, const SizePolicy& policy, const Config& config,
              std::atomic<SharedStats*>& shared, std::atomic<HistoryLog*>& history,
-             BlockMap& blocks);
+             RegionTable& regions);
   ~StreamPool();
 
   /// At most this many blocks of one size are parked; more are coalesced at once.
@@ -135,25 +150,25 @@ class StreamPool {
     const bool small = !b->segment->large;
     CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->size >= size && size >= requested);
     if (policy_.should_split(b->size, size, small)) {
-      split(b, size);
+      split(b, size, small);
     } else {
-      unindex(b);
+      unindex(b, small);
     }
     hand_out(b, requested, small);
     after_hot_operation();
     return reinterpret_cast<void*>(b->addr);
   }
 
-  /// Removes this pool's allocated block at `addr` from the allocator-wide pointer map and
-  /// returns it (nullptr if no block of this pool is allocated there): the first step of every
-  /// free. Follow with `release`, or give it back with `restore`.
+  /// Removes this pool's allocated block at `addr` from the pool's pointer map and returns it
+  /// (nullptr if no block of this pool is allocated there): the first step of every free. Follow
+  /// with `release`, or give it back with `restore`.
   CISTERN_HOT Block* extract_allocated(std::uintptr_t addr) noexcept {
-    return blocks_.extract_owned(addr, this);
+    return allocated_.extract(addr);
   }
   /// Puts an extracted block back, unchanged.
-  void restore(Block* b) { blocks_.insert(b->addr, b); }
-  /// The allocated block at `addr` (of any pool), or nullptr.
-  Block* find_allocated(std::uintptr_t addr) const noexcept { return blocks_.find(addr); }
+  void restore(Block* b) { allocated_.insert(b->addr, b); }
+  /// This pool's allocated block at `addr`, or nullptr.
+  Block* find_allocated(std::uintptr_t addr) const noexcept { return allocated_.find(addr); }
 
   /// Frees an extracted block that no other stream uses: it is cached at once.
   CISTERN_HOT void release(Block* b) noexcept {
@@ -257,8 +272,10 @@ class StreamPool {
   Segment* segments() const noexcept { return segments_; }
   std::size_t segment_count() const noexcept { return segment_count_; }
   const BlockIndex& index(bool small) const noexcept { return indexes_[small ? 0 : 1]; }
-  /// Blocks of this pool that are allocated (in the pointer map).
+  /// Blocks of this pool that are allocated.
   std::size_t allocated_count() const noexcept { return allocated_count_; }
+  /// Entries in the pool's pointer map (allocated_count() when consistent).
+  std::size_t mapped_count() const noexcept { return allocated_.size(); }
   const std::vector<PendingQueue>& pending() const noexcept { return pending_; }
   std::size_t pending_count() const noexcept { return pending_count_; }
   /// allocated_bytes of this pool, readable without the lock.
@@ -281,7 +298,7 @@ class StreamPool {
   CISTERN_HOT void hand_out(Block* b, std::size_t requested, bool small) {
     b->state = BlockState::allocated;
     b->requested = requested;
-    blocks_.insert(b->addr, b);
+    allocated_.insert(b->addr, b);
     ++allocated_count_;
     const auto size = static_cast<std::int64_t>(b->size);
     stats_.inc(StatKind::allocation, small, 1);
@@ -307,7 +324,7 @@ class StreamPool {
     if (!b->stream_uses.empty()) b->stream_uses.clear();
     if (small && park_small_blocks_ && !b->is_whole_segment() && park(b)) return;
     b->state = BlockState::free;
-    coalesce(b);
+    coalesce(b, small);
   }
   void mirror_allocated(std::int64_t delta) noexcept {
     allocated_mirror_.store(allocated_mirror_.load(std::memory_order_relaxed) + delta,
@@ -342,24 +359,27 @@ class StreamPool {
   void begin_pending(Block* b, std::size_t events) noexcept;
   void enqueue(Block* b, Event event, Stream stream);
 
-  // Index bookkeeping: the block index, the whole-segment list and inactive_split.
-  void index_block(Block* b) noexcept;
-  void unindex(Block* b) noexcept;
-  void list(Block* b) noexcept;    // the bookkeeping of index_block beside the BlockIndex
-  void unlist(Block* b) noexcept;  // the bookkeeping of unindex beside the BlockIndex
-  void split(Block* b, std::size_t size);
-  void coalesce(Block* b) noexcept;
-  void absorb(Block* into, Block* gone) noexcept;
+  // Index bookkeeping: the block index, the whole-segment list and inactive_split. `small`: the
+  // block's segment is not large (passed down rather than read again through b->segment, which
+  // every store to a block makes the compiler reload).
+  void index_block(Block* b, bool small) noexcept;
+  void unindex(Block* b, bool small) noexcept;
+  void list(Block* b, bool small) noexcept;    // index_block's bookkeeping beside the BlockIndex
+  void unlist(Block* b, bool small) noexcept;  // unindex's bookkeeping beside the BlockIndex
+  void split(Block* b, std::size_t size, bool small);
+  void coalesce(Block* b, bool small) noexcept;
+  void absorb(Block* into, Block* gone, bool small) noexcept;
   void join(Block* into, Block* gone) noexcept;
-  void link_segment(Segment* s) noexcept;
+  void link_segment(Segment* s);  // throws (nothing linked) if the region table cannot grow
   void unlink_segment(Segment* s) noexcept;
 
-  const SizePolicy& policy_;
+  const SizePolicy policy_;  // a copy: one load per size rule on the hot path
   std::atomic<SharedStats*>& shared_;
   std::atomic<HistoryLog*>& history_;
   BlockIndex indexes_[2];  // small, large
   Block* whole_[2] = {nullptr, nullptr};
-  BlockMap& blocks_;  // the allocator's pointer map
+  RegionTable& regions_;  // the allocator's map of regions to pools (segment links update it)
+  PtrMap allocated_;      // this pool's allocated blocks by address
   std::size_t allocated_count_ = 0;
   std::vector<PendingQueue> pending_;
   std::size_t pending_count_ = 0;
@@ -384,8 +404,8 @@ class StreamPool {
 // Every pair of a cache hit splits and coalesces: these run inside allocate and deallocate
 // rather than as calls (a call and its register saves cost as much as the work).
 
-CISTERN_HOT void StreamPool::list(Block* b) noexcept {
-  const bool small = !b->segment->large;
+CISTERN_HOT void StreamPool::list(Block* b, bool small) noexcept {
+  CISTERN_ASSERT_INTERNAL(small == !b->segment->large);
   b->gc_base = lookups_[small ? 0 : 1];
   if (!b->is_whole_segment()) {
     count_split(b, small);
@@ -398,8 +418,8 @@ CISTERN_HOT void StreamPool::list(Block* b) noexcept {
   head = b;
 }
 
-CISTERN_HOT void StreamPool::unlist(Block* b) noexcept {
-  const bool small = !b->segment->large;
+CISTERN_HOT void StreamPool::unlist(Block* b, bool small) noexcept {
+  CISTERN_ASSERT_INTERNAL(small == !b->segment->large);
   if (b->counted_split) {
     uncount_split(b, small);
     return;
@@ -413,7 +433,7 @@ CISTERN_HOT void StreamPool::unlist(Block* b) noexcept {
 
 // Cuts the indexed free block `b` to `size` and takes it out of the index; the rest becomes a
 // new free block right after it, indexed in b's place (BlockIndex::replace: usually no search).
-CISTERN_HOT void StreamPool::split(Block* b, std::size_t size) {
+CISTERN_HOT void StreamPool::split(Block* b, std::size_t size, bool small) {
   Block* rest = arena_.make();
   rest->addr = b->addr + size;
   rest->size = b->size - size;
@@ -422,10 +442,10 @@ CISTERN_HOT void StreamPool::split(Block* b, std::size_t size) {
   rest->next = b->next;
   if (b->next != nullptr) b->next->prev = rest;
   b->next = rest;
-  unlist(b);
-  index(!b->segment->large).replace(b, rest);  // b still has its old size (its index key)
+  unlist(b, small);
+  index(small).replace(b, rest);  // b still has its old size (its index key)
   b->size = size;
-  list(rest);
+  list(rest, small);
 }
 
 // The block list and sizes of absorb; leaves `gone` itself (its index key) untouched.
@@ -442,22 +462,22 @@ CISTERN_HOT void StreamPool::join(Block* into, Block* gone) noexcept {
   into->size += gone->size;
 }
 
-CISTERN_HOT void StreamPool::coalesce(Block* b) noexcept {
+CISTERN_HOT void StreamPool::coalesce(Block* b, bool small) noexcept {
   Block* prev = b->prev != nullptr && b->prev->is_free() ? b->prev : nullptr;
   Block* next = b->next != nullptr && b->next->is_free() ? b->next : nullptr;
   if ((prev == nullptr) == (next == nullptr)) {  // no free neighbour, or two
-    if (prev != nullptr) absorb(b, prev);
-    if (next != nullptr) absorb(b, next);
-    index_block(b);
+    if (prev != nullptr) absorb(b, prev, small);
+    if (next != nullptr) absorb(b, next, small);
+    index_block(b, small);
     return;
   }
   // One free neighbour (the common case): the merged block takes its place in the index.
   Block* gone = prev != nullptr ? prev : next;
-  unlist(gone);
+  unlist(gone, small);
   join(b, gone);
-  index(!b->segment->large).replace(gone, b);
-  arena_.recycle(gone);
-  list(b);
+  index(small).replace(gone, b);
+  arena_.recycle_merged(gone);
+  list(b, small);
 }
 
 }  // namespace cistern::detail
