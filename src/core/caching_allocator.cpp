@@ -17,20 +17,12 @@ using detail::StreamPool;
 
 namespace {
 
-// Whether every page under [lo, hi) of an expandable segment is mapped.
-bool pages_mapped(const detail::Segment& seg, std::uintptr_t lo, std::uintptr_t hi) noexcept {
-  for (std::size_t i = (lo - seg.base) / seg.page_size; seg.base + i * seg.page_size < hi; ++i) {
-    if (seg.pages[i] == detail::Segment::kNoPage) return false;
-  }
-  return true;
-}
-
 // mapped_for's test of an expandable segment with unmapped pages, out of line so that the
 // test of a fully mapped segment stays short.
 __attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, const Block& b,
                                            std::size_t size, bool small) noexcept {
   const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
-  return pages_mapped(*b.segment, b.addr, b.addr + used);
+  return b.segment->pages_mapped(b.addr, b.addr + used);
 }
 
 // Whether the cached block `b` can serve `size` without mapping a page: always in a classic

@@ -125,9 +125,9 @@ void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
   for (std::size_t i = 0; i < events.size(); ++i) enqueue(b, events[i], streams[i]);
 }
 
-void StreamPool::make_pending(Block* b, Event event, Stream stream) {
+void StreamPool::make_pending(Block* b, Event event, Stream user) {
   begin_pending(b, 1);
-  enqueue(b, event, stream);
+  enqueue(b, event, user);
 }
 
 void StreamPool::begin_pending(Block* b, std::size_t events) noexcept {
@@ -137,11 +137,11 @@ void StreamPool::begin_pending(Block* b, std::size_t events) noexcept {
                        static_cast<std::int64_t>(b->requested));
 }
 
-void StreamPool::enqueue(Block* b, Event event, Stream stream) {
+void StreamPool::enqueue(Block* b, Event event, Stream user) {
   auto queue = std::find_if(pending_.begin(), pending_.end(),
-                            [stream](const PendingQueue& q) { return q.stream == stream; });
+                            [user](const PendingQueue& q) { return q.stream == user; });
   if (queue == pending_.end()) {
-    pending_.push_back(PendingQueue{stream, {}});
+    pending_.push_back(PendingQueue{user, {}});
     queue = pending_.end() - 1;
   }
   queue->entries.push_back(PendingFree{event, b});
