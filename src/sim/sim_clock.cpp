@@ -14,34 +14,13 @@
 namespace cistern::detail {
 namespace {
 
-constexpr int kIndexBits = 32;
-constexpr std::uintptr_t kIndexMask = (std::uintptr_t{1} << kIndexBits) - 1;
-static_assert(sizeof(std::uintptr_t) >= 8, "event handles hold an index and a generation");
-
 std::uintptr_t event_handle(std::size_t index, std::uint32_t generation) {
-  return (std::uintptr_t{generation} << kIndexBits) | (index + 1);
+  return (std::uintptr_t{generation} << SimClock::kIndexBits) | (index + 1);
 }
 
 }  // namespace
 
 SimClock::SimClock() { create_stream(); }  // the default stream, handle 0
-
-// --- lookups -------------------------------------------------------------------------------------
-
-std::atomic<std::uint64_t>* SimClock::find_stream(Stream stream) const noexcept {
-  StreamSlot* slot = streams_.find(stream.handle);
-  return slot == nullptr ? nullptr : &slot->done_at;
-}
-
-SimClock::EventSlot* SimClock::find_event(Event event) const noexcept {
-  // Handle 0 wraps to an index past any table: unknown, as it should be.
-  const std::size_t index = (event.handle & kIndexMask) - 1;
-  EventSlot* slot = events_.find(index);
-  if (slot == nullptr || slot->handle.load(std::memory_order_acquire) != event.handle) {
-    return nullptr;
-  }
-  return slot;
-}
 
 void SimClock::raise(std::atomic<std::uint64_t>& cell, std::uint64_t value) noexcept {
   std::uint64_t seen = cell.load(std::memory_order_acquire);
@@ -50,13 +29,6 @@ void SimClock::raise(std::atomic<std::uint64_t>& cell, std::uint64_t value) noex
 }
 
 // --- streams -------------------------------------------------------------------------------------
-
-bool SimClock::stream_done_at(Stream stream, std::uint64_t* done_at) const noexcept {
-  const std::atomic<std::uint64_t>* cell = find_stream(stream);
-  if (cell == nullptr) return false;
-  *done_at = cell->load(std::memory_order_acquire);
-  return true;
-}
 
 bool SimClock::launch(Stream stream, std::uint64_t duration_ns) noexcept {
   std::atomic<std::uint64_t>* cell = find_stream(stream);
@@ -87,22 +59,6 @@ void SimClock::synchronize_all() noexcept {
 Stream SimClock::create_stream() { return Stream{streams_.add()}; }
 
 // --- events --------------------------------------------------------------------------------------
-
-ClockAnswer SimClock::record(Event event, Stream stream) noexcept {
-  EventSlot* slot = find_event(event);
-  if (slot == nullptr) return ClockAnswer::unknown_event;
-  std::uint64_t done_at = 0;
-  if (!stream_done_at(stream, &done_at)) return ClockAnswer::unknown_stream;
-  slot->ready_at.store(std::max(now(), done_at), std::memory_order_release);
-  return ClockAnswer::ok;
-}
-
-ClockAnswer SimClock::query(Event event) const noexcept {
-  const EventSlot* slot = find_event(event);
-  if (slot == nullptr) return ClockAnswer::unknown_event;
-  const std::uint64_t ready_at = slot->ready_at.load(std::memory_order_acquire);
-  return now() >= ready_at ? ClockAnswer::ok : ClockAnswer::not_ready;
-}
 
 ClockAnswer SimClock::synchronize_event(Event event) noexcept {
   const EventSlot* slot = find_event(event);

@@ -18,6 +18,7 @@
 // bits, so that a destroyed event's handle stays unknown after its slot is reused.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -33,24 +34,46 @@ enum class ClockAnswer { ok, not_ready, unknown_event, unknown_stream };
 
 class SimClock {
  public:
+  /// Bits of an event handle that hold its slot's index + 1; the generation is above them.
+  static constexpr int kIndexBits = 32;
+  static constexpr std::uintptr_t kIndexMask = (std::uintptr_t{1} << kIndexBits) - 1;
+  static_assert(sizeof(std::uintptr_t) >= 8, "event handles hold an index and a generation");
+
   SimClock();
 
-  // --- lock-free ---------------------------------------------------------------------------------
+  // --- lock-free (the calls of an allocator's cross-stream free are inline) ------------------------
 
   /// The simulated time.
   std::uint64_t now() const noexcept { return now_.load(std::memory_order_acquire); }
   /// Advances the simulated time by `ns`.
   void advance(std::uint64_t ns) noexcept { now_.fetch_add(ns, std::memory_order_acq_rel); }
   /// Whether `stream` exists; `*done_at` receives its completion time if so.
-  bool stream_done_at(Stream stream, std::uint64_t* done_at) const noexcept;
+  bool stream_done_at(Stream stream, std::uint64_t* done_at) const noexcept {
+    const std::atomic<std::uint64_t>* cell = find_stream(stream);
+    if (cell == nullptr) return false;
+    *done_at = cell->load(std::memory_order_acquire);
+    return true;
+  }
   /// Submits `duration_ns` of work to `stream`, starting when its earlier work is done (or now).
   /// False if the stream does not exist.
   bool launch(Stream stream, std::uint64_t duration_ns) noexcept;
 
   /// Captures the work submitted to `stream` so far in `event`.
-  ClockAnswer record(Event event, Stream stream) noexcept;
+  ClockAnswer record(Event event, Stream stream) noexcept {
+    EventSlot* slot = find_event(event);
+    if (slot == nullptr) return ClockAnswer::unknown_event;
+    std::uint64_t done_at = 0;
+    if (!stream_done_at(stream, &done_at)) return ClockAnswer::unknown_stream;
+    slot->ready_at.store(std::max(now(), done_at), std::memory_order_release);
+    return ClockAnswer::ok;
+  }
   /// `ok` if the event's work is complete, `not_ready` if not.
-  ClockAnswer query(Event event) const noexcept;
+  ClockAnswer query(Event event) const noexcept {
+    const EventSlot* slot = find_event(event);
+    if (slot == nullptr) return ClockAnswer::unknown_event;
+    const std::uint64_t ready_at = slot->ready_at.load(std::memory_order_acquire);
+    return now() >= ready_at ? ClockAnswer::ok : ClockAnswer::not_ready;
+  }
   /// Advances the clock to the event's completion.
   ClockAnswer synchronize_event(Event event) noexcept;
   /// Makes later work on `stream` start no earlier than the event's completion (the clock is
@@ -84,8 +107,18 @@ class SimClock {
     std::uint32_t generation = 0;  ///< of the slot's next event (caller's lock)
   };
 
-  std::atomic<std::uint64_t>* find_stream(Stream stream) const noexcept;
-  EventSlot* find_event(Event event) const noexcept;
+  std::atomic<std::uint64_t>* find_stream(Stream stream) const noexcept {
+    StreamSlot* slot = streams_.find(stream.handle);
+    return slot == nullptr ? nullptr : &slot->done_at;
+  }
+  EventSlot* find_event(Event event) const noexcept {
+    // Handle 0 wraps to an index past any table: unknown, as it should be.
+    EventSlot* slot = events_.find((event.handle & kIndexMask) - 1);
+    if (slot == nullptr || slot->handle.load(std::memory_order_acquire) != event.handle) {
+      return nullptr;
+    }
+    return slot;
+  }
   /// Raises `cell` to at least `value`.
   static void raise(std::atomic<std::uint64_t>& cell, std::uint64_t value) noexcept;
 

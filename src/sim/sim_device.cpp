@@ -207,24 +207,30 @@ struct SimDevice::State {
 
   template <class Body>
   Status run(DeviceOp op, Body& body, bool locked) noexcept {
+    if ((armed.load(std::memory_order_acquire) & op_bit(op)) != 0) {
+      if (const auto injected = inject_fault(op, locked)) return *injected;
+    }
     try {
-      if (const auto injected = injected_fault(op, locked)) {
-        return fail(*injected,
-                    fmt::format("{}: injected fault ({})", to_string(op), to_string(*injected)));
-      }
       return body();
     } catch (const std::exception& error) {
       return fail_without_throwing(op, error.what());
     }
   }
 
-  /// The injected failure of this call of `op`, if one is due; takes the mutex for it unless
-  /// `locked` (the caller holds it).
-  std::optional<Status> injected_fault(DeviceOp op, bool locked) {
-    if ((armed.load(std::memory_order_acquire) & op_bit(op)) == 0) return std::nullopt;
-    if (locked) return take_injected_fault(op);
-    std::lock_guard<std::mutex> lock(mutex);
-    return take_injected_fault(op);
+  /// The injected failure of this call of `op` (reported as such), if one is due; takes the
+  /// mutex for it unless `locked` (the caller holds it). Out of line: the calls without a fault
+  /// stay short.
+  [[gnu::noinline]] std::optional<Status> inject_fault(DeviceOp op, bool locked) noexcept {
+    try {
+      std::unique_lock<std::mutex> lock(mutex, std::defer_lock);
+      if (!locked) lock.lock();
+      const std::optional<Status> injected = take_injected_fault(op);
+      if (!injected) return std::nullopt;
+      return fail(*injected,
+                  fmt::format("{}: injected fault ({})", to_string(op), to_string(*injected)));
+    } catch (const std::exception& error) {
+      return fail_without_throwing(op, error.what());
+    }
   }
 
   static std::uint32_t op_bit(DeviceOp op) { return std::uint32_t{1} << static_cast<int>(op); }
@@ -706,12 +712,14 @@ struct SimDevice::State {
 
   /// The status of a clock operation's answer, with the message of an unknown handle.
   Status answer(DeviceOp op, detail::ClockAnswer answer, Event event, Stream stream) {
-    switch (answer) {
-      case detail::ClockAnswer::ok: return Status::ok;
-      case detail::ClockAnswer::not_ready: return Status::not_ready;
-      case detail::ClockAnswer::unknown_event:
-        return invalid(fmt::format("{}: unknown event {:#x}", to_string(op), event.handle));
-      case detail::ClockAnswer::unknown_stream: break;
+    if (answer == detail::ClockAnswer::ok) return Status::ok;
+    if (answer == detail::ClockAnswer::not_ready) return Status::not_ready;
+    return unknown_handle(op, answer, event, stream);
+  }
+
+  Status unknown_handle(DeviceOp op, detail::ClockAnswer answer, Event event, Stream stream) {
+    if (answer == detail::ClockAnswer::unknown_event) {
+      return invalid(fmt::format("{}: unknown event {:#x}", to_string(op), event.handle));
     }
     return invalid(fmt::format("{}: unknown stream {:#x}", to_string(op), stream.handle));
   }
