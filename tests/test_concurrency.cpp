@@ -635,5 +635,31 @@ TEST(SimDeviceConcurrency, ThreadsRecordQueryAndWaitOnOwnAndSharedEvents) {
   EXPECT_EQ(counters.of(DeviceOp::destroy_event), per_op + kThreads);
 }
 
+// Every thread counts its calls in a shard of its own while fewer than 16 threads hold one, the
+// rest in a shared one; shards pass to new threads as threads exit. No count may be lost: waves
+// of more threads than shards, each making a known number of calls.
+TEST(SimDeviceConcurrency, CallCountsStayExactAsThreadsComeAndGo) {
+  SimDevice device;
+  Event event;
+  ASSERT_EQ(device.create_event(&event), Status::ok);
+  constexpr int kWaves = 3;
+  constexpr int kThreads = 20;
+  const std::uint64_t calls = iterations(500);
+  for (int wave = 0; wave < kWaves; ++wave) {
+    Barrier start(kThreads);
+    run_threads(kThreads, [&](int) {
+      start.wait();
+      for (std::uint64_t i = 0; i < calls; ++i) {
+        ASSERT_EQ(device.query_event(event), Status::ok);
+        ASSERT_EQ(device.query_event(Event{}), Status::invalid_argument);
+      }
+    });
+    const SimCounters counters = device.counters();
+    const std::uint64_t expected = 2 * calls * kThreads * static_cast<std::uint64_t>(wave + 1);
+    EXPECT_EQ(counters.of(DeviceOp::query_event), expected) << "wave " << wave;
+    EXPECT_EQ(counters.failed(DeviceOp::query_event), expected / 2) << "wave " << wave;
+  }
+}
+
 }  // namespace
 }  // namespace cistern::testing

@@ -1,11 +1,15 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// CallCounters: SimDevice's per-operation call and failure counts, counted without a lock and
-// without a cache line shared by every thread.
+// CallCounters: SimDevice's per-operation call and failure counts, counted without a lock,
+// without an atomic read-modify-write and without a cache line shared by every thread.
 //
-// Each thread counts into one of kShards shards (threads are dealt shards in turn, so up to
-// kShards threads never share one); a read sums the shards. The sum is exact once the counted
-// calls have returned; during concurrent calls it may miss the ones still in flight.
+// Counts are kept in kCounterShards shards, summed when read. A thread holds one shard of its
+// own (the same index in every device) from its first count until it exits, and writes it with
+// a plain load and store: no other thread writes there meanwhile. When every shard but the
+// first is held, further threads count in the first one with atomic adds. A shard changes hands
+// through an atomic bitmask (release when a thread returns it, acquire when the next takes it),
+// so no count is lost. The sum is exact once the counted calls have returned; during concurrent
+// calls it may miss the ones still in flight.
 #pragma once
 
 #include <array>
@@ -18,16 +22,24 @@
 
 namespace cistern::detail {
 
+/// Shards of every CallCounters; shard 0 is shared by the threads that hold none.
+inline constexpr unsigned kCounterShards = 16;
+
+/// The calling thread's shard until the thread has asked for one.
+inline constexpr unsigned kNoCounterShard = ~0u;
+
+/// The calling thread's shard: 1 to kCounterShards - 1 held by it alone, or 0 (shared).
+inline thread_local unsigned t_counter_shard = kNoCounterShard;
+
+/// Takes a free shard for the calling thread until it exits (0 if none is free).
+unsigned lease_counter_shard() noexcept;
+
 class CallCounters {
  public:
   /// Counts a call of `op`.
-  void count_call(DeviceOp op) noexcept {
-    shard().calls[static_cast<std::size_t>(op)].fetch_add(1, std::memory_order_relaxed);
-  }
+  void count_call(DeviceOp op) noexcept { count(&Shard::calls, op); }
   /// Counts a failed call of `op`.
-  void count_failure(DeviceOp op) noexcept {
-    shard().failures[static_cast<std::size_t>(op)].fetch_add(1, std::memory_order_relaxed);
-  }
+  void count_failure(DeviceOp op) noexcept { count(&Shard::failures, op); }
   /// The counts of all threads.
   SimCounters total() const noexcept {
     SimCounters sum;
@@ -41,26 +53,24 @@ class CallCounters {
   }
 
  private:
-  static constexpr unsigned kShards = 16;
-
+  using Cells = std::array<std::atomic<std::uint64_t>, kDeviceOpCount>;
   struct alignas(64) Shard {
-    std::array<std::atomic<std::uint64_t>, kDeviceOpCount> calls{};
-    std::array<std::atomic<std::uint64_t>, kDeviceOpCount> failures{};
+    Cells calls{};
+    Cells failures{};
   };
 
-  /// The calling thread's shard (the same for every device: a thread counts in one place).
-  Shard& shard() noexcept {
-    // Constant-initialised, so a thread_local costs no guard; 0 means "not dealt yet".
-    thread_local unsigned t_shard = 0;
-    if (t_shard == 0) t_shard = next_shard().fetch_add(1, std::memory_order_relaxed) % kShards + 1;
-    return shards_[t_shard - 1];
-  }
-  static std::atomic<unsigned>& next_shard() noexcept {
-    static std::atomic<unsigned> next{0};
-    return next;
+  void count(Cells Shard::*which, DeviceOp op) noexcept {
+    if (t_counter_shard == kNoCounterShard) t_counter_shard = lease_counter_shard();
+    const unsigned shard = t_counter_shard;
+    std::atomic<std::uint64_t>& cell = (shards_[shard].*which)[static_cast<std::size_t>(op)];
+    if (shard == 0) {
+      cell.fetch_add(1, std::memory_order_relaxed);
+    } else {  // this thread's own shard
+      cell.store(cell.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    }
   }
 
-  std::array<Shard, kShards> shards_{};
+  std::array<Shard, kCounterShards> shards_{};
 };
 
 }  // namespace cistern::detail
