@@ -5,7 +5,8 @@
 // statistics and snapshots, runs check() and empties the cache - on a device small enough that
 // out-of-memory retries and cross-stream take-overs happen under contention. Live ranges of all
 // threads are kept in one set, so two live allocations that overlap are caught at once. Also:
-// exact allocator-wide peaks while several pools change in lock-step.
+// exact allocator-wide peaks while several pools change in lock-step; and the simulated device's
+// lock-free streams and events under threads that record, query and wait at once.
 //
 // Seeds are fixed per thread (the interleaving is not, so counts vary from run to run; the
 // invariants do not). CISTERN_TEST_FULL=1 runs ten times as many iterations. Meant to be run
@@ -538,6 +539,126 @@ TEST(ConcurrencyPeaks, PeaksAfterResetCountOnlyWhatCameAfter) {
   EXPECT_EQ(s.get(StatKind::allocation, StatPool::all).peak, 3);
   arena.alloc.deallocate(held, held_stream);
   arena.expect_everything_returned();
+}
+
+// --- the simulated device's streams and events -----------------------------------------------------
+
+bool is_answer(Status status) { return status == Status::ok || status == Status::not_ready; }
+
+// One thread's part: an event and a stream of its own, checked exactly (only this thread moves
+// them), events shared with the others on a shared stream, and an event created and destroyed
+// every round, so that slots are reused while other threads look theirs up.
+void drive_events(SimDevice& device, Stream own, Stream shared_stream, const Event (&shared)[2],
+                  std::uint64_t rounds, std::uint64_t seed, Barrier& start) {
+  Event event;
+  ASSERT_EQ(device.create_event(&event), Status::ok);
+  start.wait();  // all threads at once, so that their calls overlap
+  Rng rng(seed);
+  std::uint64_t last_now = 0;
+  Event destroyed;
+  for (std::uint64_t i = 0; i < rounds; ++i) {
+    device.launch(own, rng.between(1, 50));
+    device.launch(shared_stream, 3);
+    const std::uint64_t done_at = device.stream_done_at(own);
+    ASSERT_EQ(device.record_event(event, own), Status::ok);
+    const Status status = device.query_event(event);
+    ASSERT_TRUE(is_answer(status)) << to_string(status);
+    if (status == Status::ok) {
+      EXPECT_GE(device.now(), done_at) << "complete before its work";
+    }
+    ASSERT_EQ(device.synchronize_event(event), Status::ok);
+    EXPECT_GE(device.now(), done_at);
+    EXPECT_EQ(device.query_event(event), Status::ok) << "incomplete after synchronising";
+
+    const Event common = shared[i % 2];
+    ASSERT_EQ(device.record_event(common, shared_stream), Status::ok);
+    ASSERT_EQ(device.stream_wait_event(own, common), Status::ok);
+    EXPECT_GE(device.stream_done_at(own), done_at) << "a wait moved the stream back";
+    EXPECT_TRUE(is_answer(device.query_event(common)));
+
+    Event temporary;
+    ASSERT_EQ(device.create_event(&temporary), Status::ok);
+    EXPECT_NE(temporary, destroyed) << "a destroyed handle came back";
+    ASSERT_EQ(device.record_event(temporary, shared_stream), Status::ok);
+    ASSERT_EQ(device.destroy_event(temporary), Status::ok);
+    EXPECT_EQ(device.query_event(temporary), Status::invalid_argument);
+    destroyed = temporary;
+
+    const std::uint64_t now = device.now();
+    EXPECT_GE(now, last_now) << "the clock went back";
+    last_now = now;
+  }
+  ASSERT_EQ(device.destroy_event(event), Status::ok);
+}
+
+// SimDevice records, queries and waits without its lock (SimClock): several threads at once, on
+// their own and shared events, while another advances the clock. Run under ThreadSanitizer in CI.
+TEST(SimDeviceConcurrency, ThreadsRecordQueryAndWaitOnOwnAndSharedEvents) {
+  SimDevice device;
+  constexpr int kThreads = 4;
+  const std::uint64_t rounds = iterations(5'000);
+  const Stream shared_stream = device.create_stream();
+  Event shared[2];
+  for (Event& e : shared) ASSERT_EQ(device.create_event(&e), Status::ok);
+  std::vector<Stream> streams;
+  for (int t = 0; t < kThreads; ++t) streams.push_back(device.create_stream());
+
+  Barrier start(kThreads);
+  std::atomic<bool> stop{false};
+  std::thread ticker([&] {
+    while (!stop.load()) {
+      device.advance(7);
+      std::this_thread::yield();
+    }
+  });
+  run_threads(kThreads, [&](int t) {
+    drive_events(device, streams[static_cast<std::size_t>(t)], shared_stream, shared, rounds,
+                 500 + static_cast<std::uint64_t>(t), start);
+  });
+  stop = true;
+  ticker.join();
+
+  ASSERT_EQ(device.synchronize_device(), Status::ok);
+  for (Stream s : streams) EXPECT_TRUE(device.stream_idle(s));
+  EXPECT_TRUE(device.stream_idle(shared_stream));
+  for (Event e : shared) EXPECT_EQ(device.query_event(e), Status::ok);
+  EXPECT_EQ(device.live_events(), 2u);
+  // Every call of every thread is counted; the only failures are the destroyed events' queries.
+  const SimCounters counters = device.counters();
+  const std::uint64_t per_op = kThreads * rounds;
+  EXPECT_EQ(counters.of(DeviceOp::record_event), 3 * per_op);
+  EXPECT_EQ(counters.failed(DeviceOp::record_event), 0u);
+  EXPECT_EQ(counters.of(DeviceOp::query_event), 4 * per_op + 2);
+  EXPECT_EQ(counters.failed(DeviceOp::query_event), per_op);
+  EXPECT_EQ(counters.of(DeviceOp::stream_wait_event), per_op);
+  EXPECT_EQ(counters.of(DeviceOp::create_event), per_op + kThreads + 2);
+  EXPECT_EQ(counters.of(DeviceOp::destroy_event), per_op + kThreads);
+}
+
+// Every thread counts its calls in a shard of its own while fewer than 16 threads hold one, the
+// rest in a shared one; shards pass to new threads as threads exit. No count may be lost: waves
+// of more threads than shards, each making a known number of calls.
+TEST(SimDeviceConcurrency, CallCountsStayExactAsThreadsComeAndGo) {
+  SimDevice device;
+  Event event;
+  ASSERT_EQ(device.create_event(&event), Status::ok);
+  constexpr int kWaves = 3;
+  constexpr int kThreads = 20;
+  const std::uint64_t calls = iterations(500);
+  for (int wave = 0; wave < kWaves; ++wave) {
+    Barrier start(kThreads);
+    run_threads(kThreads, [&](int) {
+      start.wait();
+      for (std::uint64_t i = 0; i < calls; ++i) {
+        ASSERT_EQ(device.query_event(event), Status::ok);
+        ASSERT_EQ(device.query_event(Event{}), Status::invalid_argument);
+      }
+    });
+    const SimCounters counters = device.counters();
+    const std::uint64_t expected = 2 * calls * kThreads * static_cast<std::uint64_t>(wave + 1);
+    EXPECT_EQ(counters.of(DeviceOp::query_event), expected) << "wave " << wave;
+    EXPECT_EQ(counters.failed(DeviceOp::query_event), expected / 2) << "wave " << wave;
+  }
 }
 
 }  // namespace

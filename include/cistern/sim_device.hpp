@@ -10,7 +10,10 @@
 // which reuses memory across streams is really tested against pending work.
 //
 // Fault injection makes any operation fail on its Nth call or with a probability, and counters
-// record every call. All methods are thread-safe.
+// record every call. All methods are thread-safe. Memory calls share one lock; stream and event
+// calls (record, query, wait, synchronise, launch) take none unless a fault is armed for them,
+// so threads that drive their own streams and events - an allocator's cross-stream frees - do
+// not wait for each other on the device.
 #pragma once
 
 #include <cstddef>

@@ -2,10 +2,14 @@
 //
 // SimDevice: the device contract on a simulated GPU (see include/cistern/sim_device.hpp).
 //
-// All state lives in `SimDevice::State` behind one mutex. Every contract call goes through
-// `State::call`, which counts it, applies fault injection, runs the operation and counts a
-// failure; the operations themselves validate everything before they change anything, so that
-// a failed call leaves the device exactly as it was.
+// Memory state lives in `SimDevice::State` behind one mutex; the virtual clock, streams and
+// events live in a `SimClock` that needs no lock to record, query or wait, so that threads driving
+// their own streams and events (an allocator's cross-stream frees) do not serialise on the
+// device. Every contract call goes through `State::call` (under the mutex) or
+// `State::call_unlocked` (stream and event calls other than creation and destruction), which
+// count it, apply fault injection, run the operation and count a failure; the operations
+// themselves validate everything before they change anything, so that a failed call leaves the
+// device exactly as it was.
 #include "cistern/sim_device.hpp"
 
 #include <fmt/format.h>
@@ -24,6 +28,8 @@
 #include <unordered_map>
 
 #include "cistern/errors.hpp"
+#include "sim/call_counters.hpp"
+#include "sim/sim_clock.hpp"
 
 namespace cistern {
 namespace {
@@ -139,6 +145,8 @@ void validate(const SimDeviceOptions& options) {
 
 }  // namespace
 
+static_assert(kDeviceOpCount <= 32, "State::armed has a bit per operation");
+
 struct SimDevice::State {
   explicit State(const SimDeviceOptions& opts)
       : options(opts), serial(g_next_device_serial.fetch_add(1)), rng(opts.seed) {}
@@ -163,18 +171,17 @@ struct SimDevice::State {
   std::function<std::uintptr_t(std::size_t)> reservation_plan;  // preferred reservation bases
   std::map<std::uintptr_t, Page> pages;  // shared granules of packed small allocations
 
-  // --- the virtual clock. A stream's `done_at` is when all work submitted to it completes; an
-  // event's `ready_at` is when the work it captured completes (0 if never recorded: complete).
-  std::uint64_t now = 0;
-  std::map<std::uintptr_t, std::uint64_t> stream_done_at{{default_stream.handle, 0}};
-  std::uintptr_t next_stream = 1;
-  std::unordered_map<std::uintptr_t, std::uint64_t> event_ready_at;
-  std::uintptr_t next_event = 1;
+  // --- the virtual clock, streams and events: lock-free, but creation and destruction are made
+  // under the mutex.
+  detail::SimClock clock;
 
-  // --- fault injection and counters.
+  // --- fault injection (under the mutex) and counters (lock-free). Bit `op` of `armed` is set
+  // while `faults[op]` may fail a call, so that a lock-free call looks at `faults` (under the
+  // mutex) only then.
   std::array<Fault, kDeviceOpCount> faults{};
+  std::atomic<std::uint32_t> armed{0};
   std::mt19937_64 rng;
-  SimCounters counters;
+  detail::CallCounters counters;
 
   // --- the call wrapper --------------------------------------------------------------------------
 
@@ -182,37 +189,76 @@ struct SimDevice::State {
   /// a failure. Never throws: an exception (out of host memory) becomes `device_error`.
   template <class Body>
   Status call(DeviceOp op, Body&& body) noexcept {
-    const auto slot = static_cast<std::size_t>(op);
+    counters.count_call(op);
     std::lock_guard<std::mutex> lock(mutex);
-    ++counters.calls[slot];
-    const Status status = run(op, body);
-    if (is_failure(status)) ++counters.failures[slot];
+    const Status status = run(op, body, /*locked=*/true);
+    if (is_failure(status)) counters.count_failure(op);
+    return status;
+  }
+
+  /// As `call`, for a body that needs no lock: the mutex is taken only to inject a fault.
+  template <class Body>
+  Status call_unlocked(DeviceOp op, Body&& body) noexcept {
+    counters.count_call(op);
+    const Status status = run(op, body, /*locked=*/false);
+    if (is_failure(status)) counters.count_failure(op);
     return status;
   }
 
   template <class Body>
-  Status run(DeviceOp op, Body& body) noexcept {
+  Status run(DeviceOp op, Body& body, bool locked) noexcept {
+    if ((armed.load(std::memory_order_acquire) & op_bit(op)) != 0) {
+      if (const auto injected = inject_fault(op, locked)) return *injected;
+    }
     try {
-      if (const auto injected = take_injected_fault(op)) {
-        return fail(*injected,
-                    fmt::format("{}: injected fault ({})", to_string(op), to_string(*injected)));
-      }
       return body();
     } catch (const std::exception& error) {
       return fail_without_throwing(op, error.what());
     }
   }
 
-  /// The injected failure of this call of `op`, if one is due. Draws from the generator only when
-  /// a probability is set, so that unrelated calls do not change a seeded sequence.
+  /// The injected failure of this call of `op` (reported as such), if one is due; takes the
+  /// mutex for it unless `locked` (the caller holds it). Out of line: the calls without a fault
+  /// stay short.
+  [[gnu::noinline]] std::optional<Status> inject_fault(DeviceOp op, bool locked) noexcept {
+    try {
+      std::unique_lock<std::mutex> lock(mutex, std::defer_lock);
+      if (!locked) lock.lock();
+      const std::optional<Status> injected = take_injected_fault(op);
+      if (!injected) return std::nullopt;
+      return fail(*injected,
+                  fmt::format("{}: injected fault ({})", to_string(op), to_string(*injected)));
+    } catch (const std::exception& error) {
+      return fail_without_throwing(op, error.what());
+    }
+  }
+
+  static std::uint32_t op_bit(DeviceOp op) { return std::uint32_t{1} << static_cast<int>(op); }
+
+  /// Mutex held. The injected failure of this call of `op`, if one is due. Draws from the
+  /// generator only when a probability is set, so that unrelated calls do not change a seeded
+  /// sequence.
   std::optional<Status> take_injected_fault(DeviceOp op) {
     Fault& fault = faults[static_cast<std::size_t>(op)];
-    if (fault.countdown > 0 && --fault.countdown == 0) return fault.nth_status;
-    if (fault.probability > 0.0 &&
-        std::uniform_real_distribution<double>(0.0, 1.0)(rng) < fault.probability) {
-      return fault.random_status;
+    std::optional<Status> injected;
+    if (fault.countdown > 0 && --fault.countdown == 0) {
+      injected = fault.nth_status;
+    } else if (fault.probability > 0.0 &&
+               std::uniform_real_distribution<double>(0.0, 1.0)(rng) < fault.probability) {
+      injected = fault.random_status;
     }
-    return std::nullopt;
+    update_armed(op);
+    return injected;
+  }
+
+  /// Mutex held: sets or clears `op`'s bit of `armed` after its fault changed.
+  void update_armed(DeviceOp op) {
+    const Fault& fault = faults[static_cast<std::size_t>(op)];
+    if (fault.countdown > 0 || fault.probability > 0.0) {
+      armed.fetch_or(op_bit(op), std::memory_order_release);
+    } else {
+      armed.fetch_and(~op_bit(op), std::memory_order_release);
+    }
   }
 
   Status fail(Status status, const std::string& detail) {
@@ -406,7 +452,7 @@ struct SimDevice::State {
                       "page at {:#x}",
                       address, holder->first));
     }
-    synchronize_all();  // like cudaFree
+    clock.synchronize_all();  // like cudaFree
     page.used -= block->second;
     page.blocks.erase(block);
     --segments;
@@ -428,7 +474,7 @@ struct SimDevice::State {
     if (found == ranges.end() || found->second.kind != AddressRange::Kind::segment) {
       return invalid(fmt::format("deallocate({:#x}): {}", address, describe_bad_segment(address)));
     }
-    synchronize_all();  // like cudaFree: all work on all streams completes first
+    clock.synchronize_all();  // like cudaFree: all work on all streams completes first
     used -= found->second.charged;
     --segments;
     ranges.erase(found);
@@ -650,88 +696,44 @@ struct SimDevice::State {
 
   // --- streams and events ------------------------------------------------------------------------
 
-  std::uint64_t* find_stream(Stream stream) {
-    const auto found = stream_done_at.find(stream.handle);
-    return found == stream_done_at.end() ? nullptr : &found->second;
-  }
-
-  std::uint64_t* find_event(Event event) {
-    const auto found = event_ready_at.find(event.handle);
-    return found == event_ready_at.end() ? nullptr : &found->second;
-  }
-
   /// The stream's completion time, for the simulation methods, which may throw.
-  std::uint64_t& require_stream(Stream stream, const char* method) {
-    std::uint64_t* done_at = find_stream(stream);
-    if (done_at == nullptr) {
-      throw InvalidArgument(
-          fmt::format("SimDevice::{}: unknown stream {:#x} (streams other than "
-                      "0 come from create_stream)",
-                      method, stream.handle));
+  std::uint64_t require_stream(Stream stream, const char* method) const {
+    std::uint64_t done_at = 0;
+    if (!clock.stream_done_at(stream, &done_at)) throw unknown_stream_error(stream, method);
+    return done_at;
+  }
+
+  static InvalidArgument unknown_stream_error(Stream stream, const char* method) {
+    return InvalidArgument(
+        fmt::format("SimDevice::{}: unknown stream {:#x} (streams other than "
+                    "0 come from create_stream)",
+                    method, stream.handle));
+  }
+
+  /// The status of a clock operation's answer, with the message of an unknown handle.
+  Status answer(DeviceOp op, detail::ClockAnswer answer, Event event, Stream stream) {
+    if (answer == detail::ClockAnswer::ok) return Status::ok;
+    if (answer == detail::ClockAnswer::not_ready) return Status::not_ready;
+    return unknown_handle(op, answer, event, stream);
+  }
+
+  Status unknown_handle(DeviceOp op, detail::ClockAnswer answer, Event event, Stream stream) {
+    if (answer == detail::ClockAnswer::unknown_event) {
+      return invalid(fmt::format("{}: unknown event {:#x}", to_string(op), event.handle));
     }
-    return *done_at;
-  }
-
-  Status unknown_stream(DeviceOp op, Stream stream) {
     return invalid(fmt::format("{}: unknown stream {:#x}", to_string(op), stream.handle));
-  }
-
-  Status unknown_event(DeviceOp op, Event event) {
-    return invalid(fmt::format("{}: unknown event {:#x}", to_string(op), event.handle));
-  }
-
-  void synchronize_all() {
-    for (const auto& entry : stream_done_at) now = std::max(now, entry.second);
   }
 
   Status create_event(Event* event) {
     if (event == nullptr) return invalid("create_event: the result event is null");
-    event_ready_at.emplace(next_event, 0);  // never recorded: complete, as in CUDA
-    event->handle = next_event++;
+    *event = clock.create_event();
     return Status::ok;
   }
 
   Status destroy_event(Event event) {
-    if (event_ready_at.erase(event.handle) == 0)
-      return unknown_event(DeviceOp::destroy_event, event);
-    return Status::ok;
-  }
-
-  Status record_event(Event event, Stream stream) {
-    std::uint64_t* ready_at = find_event(event);
-    if (ready_at == nullptr) return unknown_event(DeviceOp::record_event, event);
-    const std::uint64_t* done_at = find_stream(stream);
-    if (done_at == nullptr) return unknown_stream(DeviceOp::record_event, stream);
-    *ready_at = std::max(now, *done_at);
-    return Status::ok;
-  }
-
-  Status query_event(Event event) {
-    const std::uint64_t* ready_at = find_event(event);
-    if (ready_at == nullptr) return unknown_event(DeviceOp::query_event, event);
-    return now >= *ready_at ? Status::ok : Status::not_ready;
-  }
-
-  Status synchronize_event(Event event) {
-    const std::uint64_t* ready_at = find_event(event);
-    if (ready_at == nullptr) return unknown_event(DeviceOp::synchronize_event, event);
-    now = std::max(now, *ready_at);
-    return Status::ok;
-  }
-
-  Status stream_wait_event(Stream stream, Event event) {
-    const std::uint64_t* ready_at = find_event(event);
-    if (ready_at == nullptr) return unknown_event(DeviceOp::stream_wait_event, event);
-    std::uint64_t* done_at = find_stream(stream);
-    if (done_at == nullptr) return unknown_stream(DeviceOp::stream_wait_event, stream);
-    *done_at = std::max(*done_at, *ready_at);  // a device-side wait: the host clock is unchanged
-    return Status::ok;
-  }
-
-  Status synchronize_stream(Stream stream) {
-    const std::uint64_t* done_at = find_stream(stream);
-    if (done_at == nullptr) return unknown_stream(DeviceOp::synchronize_stream, stream);
-    now = std::max(now, *done_at);
+    if (!clock.destroy_event(event)) {
+      return answer(DeviceOp::destroy_event, detail::ClockAnswer::unknown_event, event, {});
+    }
     return Status::ok;
   }
 
@@ -820,32 +822,42 @@ Status SimDevice::destroy_event(Event event) noexcept {
   return state_->call(DeviceOp::destroy_event, [&] { return state_->destroy_event(event); });
 }
 
+// The stream and event calls below take no lock (see SimClock).
+
 Status SimDevice::record_event(Event event, Stream stream) noexcept {
-  return state_->call(DeviceOp::record_event, [&] { return state_->record_event(event, stream); });
+  constexpr DeviceOp op = DeviceOp::record_event;
+  return state_->call_unlocked(
+      op, [&] { return state_->answer(op, state_->clock.record(event, stream), event, stream); });
 }
 
 Status SimDevice::query_event(Event event) noexcept {
-  return state_->call(DeviceOp::query_event, [&] { return state_->query_event(event); });
+  constexpr DeviceOp op = DeviceOp::query_event;
+  return state_->call_unlocked(
+      op, [&] { return state_->answer(op, state_->clock.query(event), event, {}); });
 }
 
 Status SimDevice::synchronize_event(Event event) noexcept {
-  return state_->call(DeviceOp::synchronize_event,
-                      [&] { return state_->synchronize_event(event); });
+  constexpr DeviceOp op = DeviceOp::synchronize_event;
+  return state_->call_unlocked(
+      op, [&] { return state_->answer(op, state_->clock.synchronize_event(event), event, {}); });
 }
 
 Status SimDevice::stream_wait_event(Stream stream, Event event) noexcept {
-  return state_->call(DeviceOp::stream_wait_event,
-                      [&] { return state_->stream_wait_event(stream, event); });
+  constexpr DeviceOp op = DeviceOp::stream_wait_event;
+  return state_->call_unlocked(op, [&] {
+    return state_->answer(op, state_->clock.stream_wait(stream, event), event, stream);
+  });
 }
 
 Status SimDevice::synchronize_stream(Stream stream) noexcept {
-  return state_->call(DeviceOp::synchronize_stream,
-                      [&] { return state_->synchronize_stream(stream); });
+  constexpr DeviceOp op = DeviceOp::synchronize_stream;
+  return state_->call_unlocked(
+      op, [&] { return state_->answer(op, state_->clock.synchronize_stream(stream), {}, stream); });
 }
 
 Status SimDevice::synchronize_device() noexcept {
-  return state_->call(DeviceOp::synchronize_device, [&] {
-    state_->synchronize_all();
+  return state_->call_unlocked(DeviceOp::synchronize_device, [&] {
+    state_->clock.synchronize_all();
     return Status::ok;
   });
 }
@@ -883,37 +895,29 @@ Status SimDevice::allocate_at(void* address, std::size_t bytes) noexcept {
 }
 
 Stream SimDevice::create_stream() {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  const std::uintptr_t id = state_->next_stream;
-  state_->stream_done_at.emplace(id, 0);
-  ++state_->next_stream;
-  return Stream{id};
+  std::lock_guard<std::mutex> lock(state_->mutex);  // creation is serialised (see SimClock)
+  return state_->clock.create_stream();
 }
+
+// The clock methods below take no lock.
 
 void SimDevice::launch(Stream stream, std::uint64_t duration_ns) {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  std::uint64_t& done_at = state_->require_stream(stream, "launch");
-  done_at = std::max(state_->now, done_at) + duration_ns;
+  if (!state_->clock.launch(stream, duration_ns)) {
+    throw State::unknown_stream_error(stream, "launch");
+  }
 }
 
-void SimDevice::advance(std::uint64_t ns) {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->now += ns;
-}
+void SimDevice::advance(std::uint64_t ns) { state_->clock.advance(ns); }
 
-std::uint64_t SimDevice::now() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->now;
-}
+std::uint64_t SimDevice::now() const { return state_->clock.now(); }
 
 std::uint64_t SimDevice::stream_done_at(Stream stream) const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->require_stream(stream, "stream_done_at");
 }
 
 bool SimDevice::stream_idle(Stream stream) const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->now >= state_->require_stream(stream, "stream_idle");
+  const std::uint64_t done_at = state_->require_stream(stream, "stream_idle");
+  return state_->clock.now() >= done_at;
 }
 
 // --- fault injection -----------------------------------------------------------------------------
@@ -937,6 +941,7 @@ void SimDevice::fail_nth(DeviceOp op, std::uint64_t nth, Status status) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->faults[slot].countdown = nth;
   state_->faults[slot].nth_status = status;
+  state_->update_armed(op);
 }
 
 void SimDevice::fail_with_probability(DeviceOp op, double p, Status status) {
@@ -948,19 +953,18 @@ void SimDevice::fail_with_probability(DeviceOp op, double p, Status status) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->faults[slot].probability = p;
   state_->faults[slot].random_status = status;
+  state_->update_armed(op);
 }
 
 void SimDevice::clear_faults() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->faults.fill(Fault{});
+  state_->armed.store(0, std::memory_order_release);
 }
 
 // --- observation ---------------------------------------------------------------------------------
 
-SimCounters SimDevice::counters() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->counters;
-}
+SimCounters SimDevice::counters() const { return state_->counters.total(); }
 
 std::size_t SimDevice::used_bytes() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
@@ -991,7 +995,7 @@ std::size_t SimDevice::live_physical() const {
 
 std::size_t SimDevice::live_events() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->event_ready_at.size();
+  return state_->clock.live_events();
 }
 
 }  // namespace cistern
