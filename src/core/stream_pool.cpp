@@ -125,18 +125,6 @@ void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
   for (std::size_t i = 0; i < events.size(); ++i) enqueue(b, events[i], streams[i]);
 }
 
-void StreamPool::make_pending(Block* b, Event event, Stream user) {
-  begin_pending(b, 1);
-  enqueue(b, event, user);
-}
-
-void StreamPool::begin_pending(Block* b, std::size_t events) noexcept {
-  b->state = BlockState::pending;
-  b->pending_events = static_cast<std::uint32_t>(events);
-  stats_.begin_pending(!b->segment->large, static_cast<std::int64_t>(b->size),
-                       static_cast<std::int64_t>(b->requested));
-}
-
 void StreamPool::enqueue(Block* b, Event event, Stream user) {
   auto queue = std::find_if(pending_.begin(), pending_.end(),
                             [user](const PendingQueue& q) { return q.stream == user; });

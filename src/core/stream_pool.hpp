@@ -211,8 +211,18 @@ class StreamPool {
 
   /// Makes an ended allocation wait for `events` (recorded on `streams`, same order).
   void make_pending(Block* b, const std::vector<Event>& events, const std::vector<Stream>& streams);
-  /// The same for one event recorded on one stream (a free on another stream, nothing recorded).
-  void make_pending(Block* b, Event event, Stream stream);
+  /// The same for one event recorded on one stream (a free on another stream, nothing recorded):
+  /// inline, as the common case of a cross-stream free - the stream's queue already exists.
+  CISTERN_HOT void make_pending(Block* b, Event event, Stream user) {
+    begin_pending(b, 1);
+    for (PendingQueue& queue : pending_) {
+      if (queue.stream != user) continue;
+      queue.entries.push_back(PendingFree{event, b});
+      ++pending_count_;
+      return;
+    }
+    enqueue(b, event, user);
+  }
   /// Whether any free is pending.
   bool has_pending() const noexcept { return pending_count_ != 0; }
   /// Caches every pending block whose events have completed; their events become this pool's
@@ -356,7 +366,12 @@ class StreamPool {
   }
 
   // Pending bookkeeping: the block's state and statistics, and one entry of a stream's queue.
-  void begin_pending(Block* b, std::size_t events) noexcept;
+  CISTERN_HOT void begin_pending(Block* b, std::size_t events) noexcept {
+    b->state = BlockState::pending;
+    b->pending_events = static_cast<std::uint32_t>(events);
+    stats_.begin_pending(!b->segment->large, static_cast<std::int64_t>(b->size),
+                         static_cast<std::int64_t>(b->requested));
+  }
   void enqueue(Block* b, Event event, Stream stream);
 
   // Index bookkeeping: the block index, the whole-segment list and inactive_split. `small`: the
