@@ -63,7 +63,7 @@ const char* to_string(StatPool pool) noexcept;
 /// streams, each stream's pool publishes its changes to the allocator-wide figures in batches (so
 /// that threads on different streams do not write the same memory on every operation), and an
 /// allocator-wide peak can then be off by up to the unpublished change of each of the other
-/// streams, either way: per stream, at most 64 blocks and at most that stream's reserved bytes.
+/// streams, either way: per stream, at most 256 blocks and at most that stream's reserved bytes.
 struct Stats {
   Stat array[kStatKinds][kStatPools];       ///< indexed by StatKind, StatPool
   Stat oversize_allocations;                ///< allocated blocks >= max_split_size
