@@ -372,7 +372,7 @@ class StreamPool {
     stats_.begin_pending(!b->segment->large, static_cast<std::int64_t>(b->size),
                          static_cast<std::int64_t>(b->requested));
   }
-  void enqueue(Block* b, Event event, Stream stream);
+  void enqueue(Block* b, Event event, Stream user);
 
   // Index bookkeeping: the block index, the whole-segment list and inactive_split. `small`: the
   // block's segment is not large (passed down rather than read again through b->segment, which
