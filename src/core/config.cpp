@@ -432,7 +432,8 @@ constexpr Option kOptions[] = {
     {"exact_peaks", "bool",
      "With several streams, publishes every statistics change at once so that allocator-wide "
      "peaks are exact; False: in batches, which keeps threads on different streams from writing "
-     "shared memory on every operation (peaks then within 256 blocks and the reserved bytes of each "
+     "shared memory on every operation (peaks then within 256 blocks and the reserved bytes of "
+     "each "
      "other stream).",
      [](Config& c, const std::string& text) { c.exact_peaks = parse_bool(text); },
      [](const Config& c) { return bool_text(c.exact_peaks); }, nullptr},
