@@ -183,8 +183,13 @@ class CachingAllocator::Impl {
   bool map_for(detail::StreamPool& pool, detail::Block* b, std::size_t size, bool small);
   bool map_range(detail::StreamPool& pool, detail::Segment& seg, std::uintptr_t lo,
                  std::uintptr_t hi, std::uintptr_t limit);
+  /// Pages [first, end) of one segment.
+  struct PageRun {
+    std::size_t first;
+    std::size_t end;
+  };
   void unmap_mapped_now(detail::StreamPool& pool, detail::Segment& seg,
-                        const std::vector<std::size_t>& pages);
+                        const std::vector<PageRun>& runs);
   bool obtain_pages(const detail::StreamPool& pool, const detail::Segment& seg, std::size_t n,
                     std::uintptr_t lo, std::uintptr_t hi);
   bool map_run_of(detail::StreamPool& pool, detail::Segment& seg, std::size_t first,

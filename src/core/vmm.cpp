@@ -29,6 +29,25 @@ void* address(const Segment& seg, std::size_t page) {
   return reinterpret_cast<void*>(seg.base + page * seg.page_size);
 }
 
+/// Calls f(i, j) for each longest run [i, j) of pages of `seg` within [first, end) that are all
+/// mapped (`mapped`) or all unmapped, in address order: one device call serves each run. Stops
+/// and returns false as soon as f does. f may change the pages of the run it is given.
+template <class F>
+bool for_each_run(const Segment& seg, std::size_t first, std::size_t end, bool mapped, F&& f) {
+  const auto in_run = [&](std::size_t i) { return (seg.pages[i] != Segment::kNoPage) == mapped; };
+  for (std::size_t i = first; i < end;) {
+    if (!in_run(i)) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i + 1;
+    while (j < end && in_run(j)) ++j;
+    if (!f(i, j)) return false;
+    i = j;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::size_t CachingAllocator::Impl::handle_size(bool large) const noexcept {
@@ -142,23 +161,16 @@ bool CachingAllocator::Impl::map_range(StreamPool& pool, Segment& seg, std::uint
   for (std::size_t spare = page_pool_.size() - missing; last < end && spare > 0; ++last) {
     spare -= seg.pages[last] == Segment::kNoPage ? 1 : 0;
   }
-  std::vector<std::size_t> mapped;
+  std::vector<PageRun> mapped;
   std::vector<MapPiece> pieces;
-  for (std::size_t i = first; i < last;) {
-    if (seg.pages[i] != Segment::kNoPage) {
-      ++i;
-      continue;
-    }
-    std::size_t run_end = i;
-    while (run_end < last && seg.pages[run_end] == Segment::kNoPage) ++run_end;
-    if (!map_run_of(pool, seg, i, run_end, pieces)) {
+  return for_each_run(seg, first, last, /*mapped=*/false, [&](std::size_t i, std::size_t j) {
+    if (!map_run_of(pool, seg, i, j, pieces)) {
       unmap_mapped_now(pool, seg, mapped);
       return false;
     }
-    for (std::size_t k = i; k < run_end; ++k) mapped.push_back(k);
-    i = run_end;
-  }
-  return true;
+    mapped.push_back({i, j});
+    return true;
+  });
 }
 
 // Maps pages [first, end) of `seg`, all unmapped, with pages from the pool (which holds enough)
@@ -191,16 +203,11 @@ bool CachingAllocator::Impl::map_run_of(StreamPool& pool, Segment& seg, std::siz
   return true;
 }
 
-// Undoes the maps of a failed map_range (those pages were never handed out, nothing ran on them).
-// `pages` ascending; each run of adjacent pages goes in one unmap.
+// Undoes the maps of a failed map_range (those pages were never handed out, nothing ran on them),
+// one unmap per run it mapped.
 void CachingAllocator::Impl::unmap_mapped_now(StreamPool& pool, Segment& seg,
-                                              const std::vector<std::size_t>& pages) {
-  for (std::size_t k = 0; k < pages.size();) {
-    std::size_t run = 1;
-    while (k + run < pages.size() && pages[k + run] == pages[k] + run) ++run;
-    unmap_pages(pool, seg, pages[k], pages[k] + run, Unmap::reclaim);
-    k += run;
-  }
+                                              const std::vector<PageRun>& runs) {
+  for (const PageRun& r : runs) unmap_pages(pool, seg, r.first, r.end, Unmap::reclaim);
 }
 
 // Makes the page pool hold `n` pages: new handles first, then pages reclaimed from cached free
@@ -269,76 +276,69 @@ bool CachingAllocator::Impl::create_handle(const Segment& seg, std::size_t defic
 
 namespace {
 
-/// A mapped page lying entirely inside a cached free block.
-struct FreePage {
-  StreamPool* pool;
+/// A run of mapped pages [first, end) of `seg` lying entirely inside one cached free block of
+/// the pool `pool` (an index into the pool table).
+struct FreeRun {
+  std::size_t pool;
   Segment* seg;
-  std::size_t page;
+  std::size_t first;
+  std::size_t end;
 };
 
 /// Up to `want` mapped pages lying entirely inside cached free blocks, skipping [lo, hi) of
-/// `keep`, grouped by pool. All pool locks held. The longest runs of adjacent free pages are
-/// taken first: a run goes in one unmap call, and the pages of a large cached block serve only
-/// the rare large request, where the few pages under a small block serve the frequent small
+/// `keep`, as runs grouped by pool. All pool locks held. The longest runs of adjacent free pages
+/// are taken first: a run goes in one unmap call, and the pages of a large cached block serve
+/// only the rare large request, where the few pages under a small block serve the frequent small
 /// ones (taken, each would have to be mapped again on its block's next use).
-std::vector<FreePage> free_pages(const std::vector<std::unique_ptr<StreamPool>>& pools,
-                                 std::size_t want, const Segment* keep, std::uintptr_t lo,
-                                 std::uintptr_t hi) {
-  struct Run {
-    std::size_t pool;
-    Segment* seg;
-    std::size_t first;
-    std::size_t end;
-  };
-  std::vector<Run> runs;
+std::vector<FreeRun> free_runs(const std::vector<std::unique_ptr<StreamPool>>& pools,
+                               std::size_t want, const Segment* keep, std::uintptr_t lo,
+                               std::uintptr_t hi) {
+  std::vector<FreeRun> runs;
   for (std::size_t p = 0; p < pools.size(); ++p) {
     for (Segment* seg = pools[p]->segments(); seg != nullptr; seg = seg->next) {
       if (!seg->expandable || seg->unmapped_pages == seg->pages.size()) continue;
       const std::size_t g = seg->page_size;
+      // The pages of `keep` that [lo, hi) touches are out of bounds (none elsewhere).
+      const std::size_t kept_first = seg == keep ? (lo - seg->base) / g : 0;
+      const std::size_t kept_end = seg == keep ? (hi - seg->base + g - 1) / g : 0;
+      const auto add = [&](std::size_t i, std::size_t j) {
+        runs.push_back({p, seg, i, j});
+        return true;
+      };
       for (const Block* b = seg->head; b != nullptr; b = b->next) {
         if (!b->is_free()) continue;
         const std::size_t first = (b->addr - seg->base + g - 1) / g;
         const std::size_t end = (b->addr + b->size - seg->base) / g;
-        for (std::size_t i = first; i < end;) {
-          const std::uintptr_t at = seg->base + i * g;
-          if (seg->pages[i] == Segment::kNoPage || (seg == keep && at < hi && at + g > lo)) {
-            ++i;
-            continue;
-          }
-          std::size_t j = i + 1;
-          while (j < end && seg->pages[j] != Segment::kNoPage &&
-                 !(seg == keep && seg->base + j * g < hi && seg->base + (j + 1) * g > lo)) {
-            ++j;
-          }
-          runs.push_back({p, seg, i, j});
-          i = j;
-        }
+        for_each_run(*seg, first, std::min(end, kept_first), /*mapped=*/true, add);
+        for_each_run(*seg, std::max(first, kept_end), end, /*mapped=*/true, add);
       }
     }
   }
   // Longest first; ties in address order, so that the choice does not depend on the sort.
-  std::stable_sort(runs.begin(), runs.end(),
-                   [](const Run& a, const Run& b) { return a.end - a.first > b.end - b.first; });
-  std::vector<Run> taken;
+  std::stable_sort(runs.begin(), runs.end(), [](const FreeRun& a, const FreeRun& b) {
+    return a.end - a.first > b.end - b.first;
+  });
   std::size_t pages = 0;
-  for (const Run& r : runs) {
-    if (pages >= want) break;
-    const std::size_t n = std::min(r.end - r.first, want - pages);
-    taken.push_back({r.pool, r.seg, r.first, r.first + n});
-    pages += n;
+  std::size_t taken = 0;
+  for (; taken < runs.size() && pages < want; ++taken) {
+    FreeRun& r = runs[taken];
+    r.end = r.first + std::min(r.end - r.first, want - pages);  // want may be SIZE_MAX
+    pages += r.end - r.first;
   }
+  runs.resize(taken);
   // Grouped by pool (one wait per pool), each segment's runs in address order.
-  std::stable_sort(taken.begin(), taken.end(), [](const Run& a, const Run& b) {
+  std::sort(runs.begin(), runs.end(), [](const FreeRun& a, const FreeRun& b) {
     return a.pool != b.pool ? a.pool < b.pool
            : a.seg != b.seg ? a.seg->base < b.seg->base
                             : a.first < b.first;
   });
-  std::vector<FreePage> found;
-  found.reserve(pages);
-  for (const Run& r : taken) {
-    for (std::size_t i = r.first; i < r.end; ++i) found.push_back({pools[r.pool].get(), r.seg, i});
-  }
-  return found;
+  return runs;
+}
+
+std::size_t pages_of(const std::vector<FreeRun>& runs) {
+  std::size_t pages = 0;
+  for (const FreeRun& r : runs) pages += r.end - r.first;
+  return pages;
 }
 
 }  // namespace
@@ -353,26 +353,20 @@ std::size_t CachingAllocator::Impl::reclaim_pages(const StreamPool* held, std::s
   for (const auto& pool : pools_.all()) {
     if (pool.get() != held) pool->flush_parked();  // the held pool's were flushed by its caller
   }
-  const std::vector<FreePage> victims = free_pages(pools_.all(), want, keep, lo, hi);
+  const std::vector<FreeRun> victims = free_runs(pools_.all(), want, keep, lo, hi);
   const StreamPool* waited = nullptr;
-  for (std::size_t k = 0; k < victims.size();) {
-    const FreePage& v = victims[k];
-    if (v.pool != waited) {  // victims are grouped by pool
-      wait_for_stream(v.pool->stream);
-      waited = v.pool;
+  for (const FreeRun& r : victims) {
+    StreamPool& pool = *pools_.all()[r.pool];
+    if (&pool != waited) {  // victims are grouped by pool
+      wait_for_stream(pool.stream);
+      waited = &pool;
     }
-    // Adjacent pages of one segment (those of one free block, in order) go in one unmap: a
-    // cuMemUnmap may cover several whole mappings side by side.
-    std::size_t run = 1;
-    while (k + run < victims.size() && victims[k + run].seg == v.seg &&
-           victims[k + run].page == v.page + run) {
-      ++run;
-    }
-    unmap_pages(*v.pool, *v.seg, v.page, v.page + run, why);
-    k += run;
+    // One unmap per run: a cuMemUnmap may cover several whole mappings side by side.
+    unmap_pages(pool, *r.seg, r.first, r.end, why);
   }
-  num_pages_reclaimed_ += static_cast<std::int64_t>(victims.size());
-  return victims.size();
+  const std::size_t pages = pages_of(victims);
+  num_pages_reclaimed_ += static_cast<std::int64_t>(pages);
+  return pages;
 }
 
 // Blocks until the work submitted to `stream` so far has completed, through an event that is
@@ -428,12 +422,10 @@ bool CachingAllocator::Impl::release_expandable(StreamPool& pool, Block* b) {
   Segment& seg = *b->segment;
   try {
     if (seg.unmapped_pages != seg.pages.size()) wait_for_stream(pool.stream);
-    for (std::size_t i = 0; i < seg.pages.size();) {  // each run of mapped pages in one unmap
-      std::size_t end = i;
-      while (end < seg.pages.size() && seg.pages[end] != Segment::kNoPage) ++end;
-      if (end > i) unmap_pages(pool, seg, i, end, Unmap::release);
-      i = end + 1;
-    }
+    for_each_run(seg, 0, seg.pages.size(), /*mapped=*/true, [&](std::size_t i, std::size_t j) {
+      unmap_pages(pool, seg, i, j, Unmap::release);
+      return true;
+    });
   } catch (const DeviceError& e) {
     last_release_error_ = e.what();
     return false;
@@ -483,7 +475,7 @@ void CachingAllocator::Impl::trim_to_threshold() {
   std::size_t unused = page_pool_.size() * page_size_;
   {
     AllPoolsLock locks(pools_, nullptr);
-    unused += free_pages(pools_.all(), SIZE_MAX, nullptr, 0, 0).size() * page_size_;
+    unused += pages_of(free_runs(pools_.all(), SIZE_MAX, nullptr, 0, 0)) * page_size_;
   }
   if (unused <= config_.release_threshold) return;
   const std::size_t excess = unused - config_.release_threshold;
