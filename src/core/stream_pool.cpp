@@ -125,15 +125,9 @@ void StreamPool::make_pending(Block* b, const std::vector<Event>& events,
   for (std::size_t i = 0; i < events.size(); ++i) enqueue(b, events[i], streams[i]);
 }
 
-void StreamPool::enqueue(Block* b, Event event, Stream user) {
-  auto queue = std::find_if(pending_.begin(), pending_.end(),
-                            [user](const PendingQueue& q) { return q.stream == user; });
-  if (queue == pending_.end()) {
-    pending_.push_back(PendingQueue{user, {}});
-    queue = pending_.end() - 1;
-  }
-  queue->entries.push_back(PendingFree{event, b});
-  ++pending_count_;
+PendingQueue& StreamPool::add_queue(Stream user) {
+  pending_.push_back(PendingQueue{user, {}});
+  return pending_.back();
 }
 
 void StreamPool::process_events(Device& device) {

@@ -215,12 +215,6 @@ class StreamPool {
   /// inline, as the common case of a cross-stream free - the stream's queue already exists.
   CISTERN_HOT void make_pending(Block* b, Event event, Stream user) {
     begin_pending(b, 1);
-    for (PendingQueue& queue : pending_) {
-      if (queue.stream != user) continue;
-      queue.entries.push_back(PendingFree{event, b});
-      ++pending_count_;
-      return;
-    }
     enqueue(b, event, user);
   }
   /// Whether any free is pending.
@@ -372,7 +366,19 @@ class StreamPool {
     stats_.begin_pending(!b->segment->large, static_cast<std::int64_t>(b->size),
                          static_cast<std::int64_t>(b->requested));
   }
-  void enqueue(Block* b, Event event, Stream user);
+  CISTERN_HOT void enqueue(Block* b, Event event, Stream user) {
+    PendingQueue* queue = nullptr;
+    for (PendingQueue& q : pending_) {
+      if (q.stream == user) {
+        queue = &q;
+        break;
+      }
+    }
+    if (queue == nullptr) queue = &add_queue(user);  // the first free on `user`
+    queue->entries.push_back(PendingFree{event, b});
+    ++pending_count_;
+  }
+  PendingQueue& add_queue(Stream user);
 
   // Index bookkeeping: the block index, the whole-segment list and inactive_split. `small`: the
   // block's segment is not large (passed down rather than read again through b->segment, which
