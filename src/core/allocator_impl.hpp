@@ -144,8 +144,10 @@ class CachingAllocator::Impl {
   /// needed, and a miss is final only under it: the pointer may lie in a crowded region.
   std::pair<detail::StreamPool*, detail::Block*> lock_owner(std::uintptr_t addr, bool take,
                                                             bool exact) const noexcept;
-  /// lock_owner without the global lock, then, on a miss, with it (taken for that look only).
-  /// An invalid pointer: throws InvalidPointer naming `what`.
+  /// lock_owner without the global lock, then, on a miss, with it (taken for that look only):
+  /// the owner pool, locked, and the block; {nullptr, nullptr} when `addr` is not allocated.
+  std::pair<detail::StreamPool*, detail::Block*> lock_found(std::uintptr_t addr) const noexcept;
+  /// lock_found; an invalid pointer throws InvalidPointer naming `what`.
   std::pair<detail::StreamPool*, detail::Block*> lock_allocated(std::uintptr_t addr,
                                                                 const char* what) const;
   void free_block(detail::StreamPool& pool, detail::Block* b, Stream stream);

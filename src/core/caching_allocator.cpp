@@ -9,6 +9,7 @@
 
 #include "allocator_impl.hpp"
 #include "device_call.hpp"
+#include "memory_limit.hpp"
 
 namespace cistern {
 
@@ -119,19 +120,11 @@ CachingAllocator::Impl::~Impl() {
 }
 
 void CachingAllocator::Impl::update_allowed() {
-  allowed_ = SIZE_MAX;
-  if (config_.memory_fraction < 1.0 && device_total_ > 0) {
-    allowed_ =
-        static_cast<std::size_t>(static_cast<double>(device_total_) * config_.memory_fraction);
-  }
-  if (config_.memory_limit > 0) allowed_ = std::min(allowed_, config_.memory_limit);
+  allowed_ = detail::allowed_bytes(config_, device_total_);
 }
 
 void CachingAllocator::Impl::set_memory_fraction(double fraction) {
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw InvalidArgument(
-        fmt::format("cistern: set_memory_fraction({}): the fraction must be in (0, 1]", fraction));
-  }
+  detail::check_memory_fraction(fraction);
   std::lock_guard<std::mutex> global(mutex_);
   config_.memory_fraction = fraction;
   update_allowed();
@@ -316,13 +309,18 @@ std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_owner(std::uintptr_t
   return {nullptr, nullptr};
 }
 
-std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_allocated(std::uintptr_t addr,
-                                                                      const char* what) const {
+std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_found(
+    std::uintptr_t addr) const noexcept {
   if (auto found = lock_owner(addr, /*take=*/false, /*exact=*/false); found.first != nullptr) {
     return found;
   }
   std::lock_guard<std::mutex> global(mutex_);
-  auto found = lock_owner(addr, /*take=*/false, /*exact=*/true);
+  return lock_owner(addr, /*take=*/false, /*exact=*/true);
+}
+
+std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_allocated(std::uintptr_t addr,
+                                                                      const char* what) const {
+  const auto found = lock_found(addr);
   if (found.first == nullptr) throw_invalid_pointer(addr, what);
   return found;
 }
@@ -412,16 +410,10 @@ std::size_t CachingAllocator::Impl::allocation_size(void* ptr) const {
 }
 
 std::optional<std::size_t> CachingAllocator::Impl::requested_size(void* ptr) const noexcept {
-  // lock_allocated's two looks, without its error.
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  auto found = lock_owner(addr, /*take=*/false, /*exact=*/false);
-  if (found.first == nullptr) {
-    std::lock_guard<std::mutex> global(mutex_);
-    found = lock_owner(addr, /*take=*/false, /*exact=*/true);
-  }
-  if (found.first == nullptr) return std::nullopt;
-  std::lock_guard<detail::SpinLock> lock(found.first->mutex, std::adopt_lock);
-  return found.second->requested;
+  auto [pool, b] = lock_found(reinterpret_cast<std::uintptr_t>(ptr));
+  if (pool == nullptr) return std::nullopt;
+  std::lock_guard<detail::SpinLock> lock(pool->mutex, std::adopt_lock);
+  return b->requested;
 }
 
 std::pair<void*, std::size_t> CachingAllocator::Impl::base_allocation(void* ptr) const {

@@ -15,6 +15,7 @@
 #include "cistern/errors.hpp"
 #include "device_call.hpp"
 #include "history_log.hpp"
+#include "memory_limit.hpp"
 #include "size_policy.hpp"
 
 namespace cistern {
@@ -95,14 +96,7 @@ class PassThroughAllocator::Impl {
   void record(HistoryEntry::Action action, std::uintptr_t addr, std::size_t size, Stream stream) {
     if (recording_) log_->add(action, addr, size, stream);
   }
-  void update_allowed() noexcept {
-    allowed_ = SIZE_MAX;
-    if (config_.memory_fraction < 1.0 && device_total_ > 0) {
-      allowed_ =
-          static_cast<std::size_t>(static_cast<double>(device_total_) * config_.memory_fraction);
-    }
-    if (config_.memory_limit > 0) allowed_ = std::min(allowed_, config_.memory_limit);
-  }
+  void update_allowed() noexcept { allowed_ = detail::allowed_bytes(config_, device_total_); }
 
   Device& device_;
   Config config_;
@@ -343,10 +337,7 @@ void PassThroughAllocator::Impl::check() const {
 // --- limits and history ----------------------------------------------------------------------------
 
 void PassThroughAllocator::Impl::set_memory_fraction(double fraction) {
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw InvalidArgument(
-        fmt::format("cistern: set_memory_fraction({}): the fraction must be in (0, 1]", fraction));
-  }
+  detail::check_memory_fraction(fraction);
   std::lock_guard<std::mutex> lock(mutex_);
   config_.memory_fraction = fraction;
   update_allowed();
