@@ -1,13 +1,18 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// The virtual-memory engine (vmm:True): pages mapped only where blocks are, shared by
-// neighbours, reclaimed from cached free blocks of any pool before running out of memory,
-// unmapped only after their users' work, given back by release_threshold and empty_cache; and
-// every VMM call failing in turn leaves the allocator consistent and the device clean.
+// The virtual-memory engine (vmm:True): whole physical handles mapped only where blocks are,
+// shared by neighbours, one per growth with room to spare and one per granule near the limit,
+// reclaimed whole from cached free blocks of any pool before running out of memory, unmapped only
+// after their users' work, given back by release_threshold and empty_cache; a device that refuses
+// the engine at its first growth gets classic segments instead; and every VMM call failing in turn
+// leaves the allocator consistent and the device clean. SimDevice refuses what the CUDA driver
+// refuses (a map of part of a handle, an unmap that cuts a mapping), so every test here would
+// fail on such a call.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <vector>
 
 #include "allocator_fixture.hpp"
@@ -106,7 +111,7 @@ TEST_F(Engine, PrefersACachedBlockOnMappedPagesToABestFitThatNeedsPages) {
   for (void* p : {a, c, d, e, f}) alloc->deallocate(p, default_stream);
 }
 
-TEST_F(Engine, ReclaimsPagesOfOtherStreamsAndTheSmallPoolForOneRequest) {
+TEST_F(Engine, TakesOverOtherStreamsSegmentsAndReclaimsTheSmallPoolForOneRequest) {
   engine("", 8 * MiB);  // four pages
   const Stream s1 = device->create_stream();
   const Stream s2 = device->create_stream();
@@ -116,19 +121,23 @@ TEST_F(Engine, ReclaimsPagesOfOtherStreamsAndTheSmallPoolForOneRequest) {
   alloc->deallocate(small, s1);
   alloc->deallocate(large, s1);
   // Classic segments would leave s2 nothing: 8 MiB of s1's cache, none of it one free block.
+  // s2 takes s1's large segment over (its three pages stay mapped: no device call) and the
+  // small pool's page is reclaimed for the fourth.
   void* big = alloc->allocate(8 * MiB, s2);
   ASSERT_NE(big, nullptr);
-  EXPECT_EQ(stats().num_pages_reclaimed, 4);
-  EXPECT_EQ(stats().num_handles_created, 4);
+  EXPECT_EQ(stats().num_cross_stream_reuse, 1);
+  EXPECT_EQ(stats().num_pages_reclaimed, 1);
+  EXPECT_EQ(stats().num_handles_created, 5);
   EXPECT_EQ(stats().num_ooms, 0);
   EXPECT_EQ(alloc->reserved_bytes(), 8 * MiB);
   EXPECT_EQ(stat(StatKind::reserved_bytes, StatPool::small_pool), 0);
   alloc->check();
-  // And back: s1's request takes the pages of s2's freed block.
+  // And back: s1 takes s2's freed segment over, pages and all.
   alloc->deallocate(big, s2);
   void* back = alloc->allocate(4 * MiB, s1);
   EXPECT_NE(back, nullptr);
-  EXPECT_EQ(stats().num_pages_reclaimed, 4 + 2);
+  EXPECT_EQ(stats().num_cross_stream_reuse, 2);
+  EXPECT_EQ(stats().num_pages_reclaimed, 1);
   alloc->deallocate(back, s1);
 }
 
@@ -202,28 +211,31 @@ TEST_F(Engine, PendingFreesAreWaitedForBeforeGivingUp) {
   alloc->deallocate(b, s1);
 }
 
-TEST_F(Engine, APageIsUnmappedOnlyAfterItsLastUsersWorkCompletes) {
-  engine("", 4 * MiB);
+TEST_F(Engine, AHandleIsUnmappedOnlyAfterItsLastUsersWorkCompletes) {
+  engine("", 8 * MiB);
   const Stream s1 = device->create_stream();
   const Stream s2 = device->create_stream();
-  void* a = alloc->allocate(4 * MiB, s1);
-  device->launch(s1, 5000);  // a kernel still using the block when it is freed
-  alloc->deallocate(a, s1);  // cached at once (its own stream)
+  void* a = alloc->allocate(4 * MiB, s1);   // granules 0-1 of s1's segment
+  void* a2 = alloc->allocate(4 * MiB, s1);  // granules 2-3: the segment cannot be taken over
+  device->launch(s1, 5000);                 // a kernel still using a when it is freed
+  alloc->deallocate(a, s1);                 // cached at once (its own stream)
   ASSERT_FALSE(device->stream_idle(s1));
   const auto unmaps = device_calls(DeviceOp::unmap);
-  void* b = alloc->allocate(4 * MiB, s2);  // needs a's pages
+  void* b = alloc->allocate(4 * MiB, s2);  // needs a's granules
   ASSERT_NE(b, nullptr);
   EXPECT_TRUE(device->stream_idle(s1));  // waited for before the unmap
   EXPECT_GE(device->now(), 5000u);
-  // a's two pages, side by side, go in one unmap call covering both mappings.
+  // a's two handles, side by side, go in one unmap call covering both mappings.
   EXPECT_EQ(device_calls(DeviceOp::unmap), unmaps + 1);
   EXPECT_EQ(stats().num_pages_unmapped, 2);
-  EXPECT_EQ(stats().num_reclaim_syncs, 1);  // one wait for the pool, not one per page
+  EXPECT_EQ(stats().num_reclaim_syncs, 1);  // one wait for the pool, not one per handle
   // An idle stream costs a query, no wait.
+  alloc->deallocate(a2, s1);
   alloc->deallocate(b, s2);
-  void* c = alloc->allocate(4 * MiB, s1);
+  void* c = alloc->allocate(8 * MiB, s2);
+  ASSERT_NE(c, nullptr);
   EXPECT_EQ(stats().num_reclaim_syncs, 1);
-  alloc->deallocate(c, s1);
+  alloc->deallocate(c, s2);
 }
 
 TEST_F(Engine, ReleaseThresholdGivesUnusedPagesBack) {
@@ -456,18 +468,196 @@ TEST(EngineFaults, EveryFailingDeviceCallLeavesTheAllocatorConsistentAndNothingL
   EXPECT_GT(failures_seen, 0u);
 }
 
-// A failure part way through a multi-page map leaves none of the block's pages mapped.
+// A failure part way through a map of several handles leaves none of them mapped or held.
 TEST(EngineFaults, AFailedMapPartWayLeavesNothingMapped) {
   SimDevice device(sim_options(64 * MiB));
-  CachingAllocator alloc(device, Config::parse("vmm:True,large_handle_size_mb:2"));
+  CachingAllocator alloc(device,
+                         Config::parse("vmm:True,large_handle_size_mb:2,max_handle_size_mb:2"));
+  void* first = alloc.allocate(2 * MiB, default_stream);  // a first growth: no fallback from now
+  alloc.deallocate(first, default_stream);
   device.fail_nth(DeviceOp::map, 3, Status::device_error);
+  const auto unmaps = device.counters().of(DeviceOp::unmap);
+  const auto used = device.used_bytes();
   EXPECT_THROW(alloc.allocate(10 * MiB, default_stream), DeviceError);
   alloc.check();
-  EXPECT_EQ(alloc.stats().get(StatKind::reserved_bytes, StatPool::all).current, 0);
-  EXPECT_EQ(device.counters().of(DeviceOp::unmap), 2u);
+  EXPECT_EQ(alloc.stats().get(StatKind::reserved_bytes, StatPool::all).current,
+            static_cast<std::int64_t>(2 * MiB));
+  // SimDevice maps a run handle by handle: the two mapped before the failure go in one unmap.
+  EXPECT_EQ(device.counters().of(DeviceOp::unmap), unmaps + 1);
+  EXPECT_EQ(device.used_bytes(), used);
   void* p = alloc.allocate(10 * MiB, default_stream);
   alloc.check();
   alloc.deallocate(p, default_stream);
+}
+
+// A device that refuses the engine at its first growth (CUDA_ERROR_NOT_SUPPORTED from cuMemMap or
+// cuMemCreate: MIG, vGPU) gets classic segments, once and for good, and the allocator says so. A
+// refusal later, or with vmm:True, is an error.
+TEST(EngineFallback, ARefusedFirstMapFallsBackToSegmentsOnceAndSaysSo) {
+  for (const DeviceOp op : {DeviceOp::map, DeviceOp::create_physical, DeviceOp::reserve}) {
+    SCOPED_TRACE(to_string(op));
+    SimDevice device(sim_options(64 * MiB));
+    CachingAllocator alloc(device, Config());
+    ASSERT_TRUE(alloc.uses_virtual_memory());
+    EXPECT_EQ(alloc.virtual_memory_note(), "");
+    device.fail_nth(op, 1, Status::not_supported);
+    void* a = alloc.allocate(3 * MiB, default_stream);
+    ASSERT_NE(a, nullptr);
+    EXPECT_FALSE(alloc.uses_virtual_memory());
+    EXPECT_NE(alloc.virtual_memory_note().find("refused the virtual-memory engine"),
+              std::string::npos)
+        << alloc.virtual_memory_note();
+    EXPECT_EQ(alloc.stats().num_vmm_fallbacks, 1);
+    EXPECT_EQ(alloc.stats().flatten().at("num_vmm_fallbacks"), 1);
+    // Served by a 20 MiB classic segment; nothing of the engine is left on the device.
+    EXPECT_EQ(device.counters().of(DeviceOp::allocate), 1u);
+    EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
+    EXPECT_EQ(device.live_reservations(), 0u);
+    EXPECT_EQ(device.live_physical(), 0u);
+    alloc.check();
+    void* b = alloc.allocate(30 * MiB, default_stream);
+    EXPECT_EQ(device.counters().of(DeviceOp::allocate), 2u);
+    alloc.deallocate(a, default_stream);
+    alloc.deallocate(b, default_stream);
+    alloc.empty_cache();
+    EXPECT_EQ(device.used_bytes(), 0u);
+  }
+}
+
+TEST(EngineFallback, ARefusalAfterTheFirstGrowthOrUnderVmmTrueIsAnError) {
+  {
+    SimDevice device(sim_options(64 * MiB));
+    CachingAllocator alloc(device, Config());
+    void* a = alloc.allocate(3 * MiB, default_stream);
+    device.fail_nth(DeviceOp::map, 1, Status::not_supported);
+    EXPECT_THROW(alloc.allocate(30 * MiB, default_stream), DeviceError);
+    EXPECT_TRUE(alloc.uses_virtual_memory());
+    EXPECT_EQ(alloc.stats().num_vmm_fallbacks, 0);
+    alloc.check();
+    alloc.deallocate(a, default_stream);
+  }
+  {
+    SimDevice device(sim_options(64 * MiB));
+    CachingAllocator alloc(device, Config::parse("vmm:True"));
+    device.fail_nth(DeviceOp::map, 1, Status::not_supported);
+    try {
+      alloc.allocate(3 * MiB, default_stream);
+      FAIL() << "expected DeviceError";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("vmm:True"), std::string::npos) << e.what();
+    }
+    alloc.check();
+    EXPECT_EQ(device.live_physical(), 0u);
+    EXPECT_EQ(device.live_reservations(), 0u);
+  }
+  {  // A device without virtual memory: classic segments from the start, and the note says why.
+    SimDeviceOptions options = sim_options(64 * MiB);
+    options.virtual_memory = false;
+    SimDevice device(options);
+    CachingAllocator alloc(device, Config());
+    EXPECT_FALSE(alloc.uses_virtual_memory());
+    EXPECT_NE(alloc.virtual_memory_note().find("no virtual memory"), std::string::npos);
+    EXPECT_EQ(alloc.stats().num_vmm_fallbacks, 1);
+    EXPECT_TRUE(CachingAllocator(device, Config::parse("vmm:False")).virtual_memory_note().empty());
+  }
+}
+
+// With room to spare a growth is one handle (as one cudaMalloc per classic segment: the driver
+// prices access grants and unmaps per mapping); within a sixteenth of the capacity of the limit,
+// handles are one granule each, exactly under the block, so that any of them can go back alone.
+TEST(EngineHandles, OneHandlePerGrowthWithRoomOneGranuleEachNearTheLimit) {
+  SimDevice device(sim_options(64 * MiB));  // "near": less than 4 MiB would be left
+  CachingAllocator alloc(device, Config());
+  void* a = alloc.allocate(40 * MiB, default_stream);
+  EXPECT_EQ(alloc.stats().num_handles_created, 1);
+  EXPECT_EQ(device.counters().of(DeviceOp::map), 1u);
+  // 22 MiB more would leave 2 MiB: one handle per granule, eleven of them, in one map_run.
+  void* b = alloc.allocate(22 * MiB, default_stream);
+  EXPECT_EQ(alloc.stats().num_handles_created, 1 + 11);
+  EXPECT_EQ(device.live_physical(), 12u);
+  EXPECT_EQ(alloc.reserved_bytes(), 62 * MiB);
+  alloc.check();
+  // b's segment cut again: a live 5 MiB block on granules 0-2, free granules 3-10 beside it.
+  alloc.deallocate(b, default_stream);
+  void* b2 = alloc.allocate(5 * MiB, default_stream);
+  EXPECT_EQ(b2, b);
+  // 12 MiB on another stream: the device has 2 MiB; five of b's free granules go back (the
+  // granule b2 shares stays), and the request gets six one-granule handles.
+  const Stream s1 = device.create_stream();
+  void* c = alloc.allocate(12 * MiB, s1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(alloc.stats().num_pages_reclaimed, 5);
+  EXPECT_EQ(alloc.stats().num_handles_released, 5);
+  EXPECT_EQ(alloc.stats().num_ooms, 0);
+  EXPECT_EQ(alloc.reserved_bytes(), 64 * MiB);
+  alloc.check();
+  alloc.deallocate(c, s1);
+  alloc.deallocate(b2, default_stream);
+  alloc.deallocate(a, default_stream);
+}
+
+// A handle goes back only whole: one under a live block stays, whatever lies free beside it.
+TEST(EngineHandles, AHandleUnderALiveBlockIsNeverUnmapped) {
+  SimDevice device(sim_options(40 * MiB));
+  CachingAllocator alloc(device, Config());
+  void* a = alloc.allocate(3 * MiB, default_stream);  // one 20 MiB handle for its segment
+  EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
+  const Stream s1 = device.create_stream();
+  // 22 MiB on another stream: the device has 20 MiB, the 17 MiB beside `a` lie on a's handle.
+  EXPECT_THROW(alloc.allocate(22 * MiB, s1), OutOfMemory);
+  EXPECT_EQ(device.counters().failed(DeviceOp::unmap), 0u);
+  EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
+  alloc.check();
+  alloc.deallocate(a, default_stream);  // now the whole handle is free: it goes, and 22 fits
+  void* b = alloc.allocate(22 * MiB, s1);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(alloc.reserved_bytes(), 22 * MiB);
+  alloc.check();
+  alloc.deallocate(b, s1);
+}
+
+// Random requests on several streams near the limit, check() after every step: SimDevice refuses
+// any map of part of a handle and any unmap that cuts a mapping, so none is ever made.
+TEST(EngineHandles, RandomWorkNearTheLimitOnlyEverMapsAndUnmapsWholeHandles) {
+  for (const char* conf : {"", "large_handle_size_mb:4", "max_handle_size_mb:8"}) {
+    SCOPED_TRACE(conf);
+    SimDevice device(sim_options(256 * MiB));
+    CachingAllocator alloc(device, Config::parse(conf));
+    const Stream streams[] = {default_stream, device.create_stream(), device.create_stream()};
+    std::mt19937_64 rng(42);
+    std::vector<std::pair<void*, Stream>> live;
+    std::size_t ooms = 0;
+    for (int step = 0; step < 3000; ++step) {
+      if (!live.empty() && (rng() % 100 < 45 || live.size() > 60)) {
+        const std::size_t i = rng() % live.size();
+        alloc.deallocate(live[i].first, live[i].second);
+        live[i] = live.back();
+        live.pop_back();
+      } else {
+        const std::size_t kind = rng() % 10;
+        const std::size_t bytes = kind < 5   ? 1 + rng() % MiB
+                                  : kind < 9 ? MiB + rng() % (12 * MiB)
+                                             : 12 * MiB + rng() % (40 * MiB);
+        const Stream s = streams[rng() % 3];
+        try {
+          live.emplace_back(alloc.allocate(bytes, s), s);
+        } catch (const OutOfMemory&) {
+          ++ooms;
+        }
+      }
+      if (step % 7 == 0) alloc.check();
+    }
+    alloc.check();
+    for (DeviceOp op : {DeviceOp::map, DeviceOp::unmap, DeviceOp::release_physical}) {
+      EXPECT_EQ(device.counters().failed(op), 0u) << to_string(op);
+    }
+    EXPECT_GT(alloc.stats().num_pages_reclaimed, 0);
+    EXPECT_GT(ooms, 0u);  // it did run at the limit
+    for (const auto& [p, s] : live) alloc.deallocate(p, s);
+    alloc.empty_cache();
+    EXPECT_EQ(device.used_bytes(), 0u);
+    EXPECT_EQ(device.live_physical(), 0u);
+  }
 }
 
 }  // namespace

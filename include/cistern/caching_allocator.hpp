@@ -67,6 +67,10 @@ class CachingAllocator final : public DeviceAllocator {
   /// `reserved_bytes()` is the physical memory held (handles, mapped or not) and the
   /// `reserved_bytes` statistic the part mapped into segments, as PyTorch counts expandable ones.
   bool uses_virtual_memory() const noexcept override;
+  /// Why the engine is off although wanted ("" if not): the device has no virtual memory, or it
+  /// refused a virtual-memory call at the engine's first growth - the allocator then serves
+  /// classic segments from that request on, once and for good (`num_vmm_fallbacks` is 1).
+  std::string virtual_memory_note() const override;
   const Config& config() const noexcept override;
   Device& device() const noexcept override;
   void set_memory_fraction(double fraction) override;

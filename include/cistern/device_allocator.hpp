@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,9 @@ class DeviceAllocator : public Allocator {
   virtual std::size_t allocated_bytes() const noexcept = 0;
   /// Whether memory is mapped page by page through the device's virtual-memory calls.
   virtual bool uses_virtual_memory() const noexcept = 0;
+  /// Why the virtual-memory engine is off where the options wanted it (the device has no virtual
+  /// memory, or refused it at the engine's first growth), or "" when it is not.
+  virtual std::string virtual_memory_note() const { return {}; }
   /// The configuration in use.
   virtual const Config& config() const noexcept = 0;
   /// The device.

@@ -32,7 +32,7 @@
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
 #include "history_log.hpp"
-#include "page_pool.hpp"
+#include "handle_table.hpp"
 #include "pool_stats.hpp"
 #include "region_table.hpp"
 #include "size_policy.hpp"
@@ -116,7 +116,11 @@ class CachingAllocator::Impl {
   const Config& config() const noexcept { return config_; }
   Device& device() const noexcept { return device_; }
   /// Whether the virtual-memory engine is on.
-  bool uses_vmm() const noexcept { return vmm_; }
+  bool uses_vmm() const noexcept { return vmm_.load(std::memory_order_relaxed); }
+  std::string virtual_memory_note() const {
+    std::lock_guard<std::mutex> global(mutex_);
+    return vmm_note_;
+  }
 
  private:
   // Appends to the history when it is being recorded (one relaxed load otherwise).
@@ -159,9 +163,49 @@ class CachingAllocator::Impl {
                                         std::size_t size, std::size_t segment, bool small);
   [[noreturn]] void throw_impossible_size(std::size_t bytes);
 
-  // Device memory and reclamation (reclaim.cpp); global lock held.
-  detail::Block* new_segment(detail::StreamPool& pool, std::size_t size, bool small);
-  bool release_segment(detail::StreamPool& pool, detail::Block* b);
+  // How pools get memory from the device and give it back: classic segments or mapped handles.
+  // The miss path (allocate_slow), the release of the cache, garbage collection, the oversize
+  // release and take-over are written once over this interface, in PyTorch's order; only what
+  // differs between the two kinds of memory is behind it. Global lock held for every call, and
+  // the lock of the pool passed.
+  class Backing {
+   public:
+    explicit Backing(Impl& a) : a_(a) {}
+    virtual ~Backing() = default;
+    Backing(const Backing&) = delete;
+    Backing& operator=(const Backing&) = delete;
+    /// The cached block of `pool` that serves `size` without a device call, or nullptr.
+    virtual detail::Block* cached_fit(detail::StreamPool& pool, std::size_t size, bool small) = 0;
+    /// A free block that serves `size` on new device memory - a new segment, or (the engine) new
+    /// handles mapped under the best fit - or nullptr when the device or the limit has no room.
+    /// Takes nothing from cached blocks.
+    virtual detail::Block* grow(detail::StreamPool& pool, std::size_t size, bool small) = 0;
+    /// grow, after giving back memory that cached free blocks hold inside segments that stay
+    /// (the engine: whole handles under free blocks of any pool, once their streams' work has
+    /// completed); nullptr when even that leaves no room. Classic segments hold nothing such.
+    virtual detail::Block* reclaim_and_grow(detail::StreamPool& pool, std::size_t size,
+                                            bool small) = 0;
+    /// Returns the whole free segment of `b` to the device; false (kept cached, the reason in
+    /// last_release_error_) on failure.
+    virtual bool release_segment(detail::StreamPool& pool, detail::Block* b) = 0;
+    /// After release_cache returned the whole free segments: gives back what cached free blocks
+    /// of the remaining segments hold (the engine's handles under them). All pool locks held.
+    /// Returns how many releases failed.
+    virtual std::size_t release_rest() = 0;
+    /// The engine with a release threshold: gives unused memory above it back (no pool lock held).
+    virtual void trim() {}
+    /// Checks the backing's own structures against the segments (inside check()).
+    virtual void check(const std::vector<const detail::Segment*>& segments) const = 0;
+
+   protected:
+    Impl& a_;
+  };
+  class Segments;       // classic segments (segments.cpp)
+  class MappedHandles;  // the virtual-memory engine (vmm.cpp)
+  std::unique_ptr<Backing> make_segments();
+  std::unique_ptr<Backing> make_mapped_handles();
+
+  // Device memory and reclamation common to both backings (reclaim.cpp); global lock held.
   bool take_over_segment(detail::StreamPool& pool, std::size_t size, bool small, bool idle_only);
   /// Requests of its own pool a whole free segment must sit out before another stream may take
   /// it over while the device still has room.
@@ -173,44 +217,15 @@ class CachingAllocator::Impl {
     return allowed_ != SIZE_MAX && reserved_bytes() + more > allowed_;
   }
   void update_allowed();
-
-  // The virtual-memory engine (vmm.cpp); global lock held, and the lock of `pool` where one is
-  // passed. Segments are reserved address ranges; pages are mapped where blocks are handed out.
-  void* allocate_engine(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
-  void* take_mapped(detail::StreamPool& pool, std::size_t size, std::size_t bytes, bool small);
-  std::size_t used_part(const detail::Block& b, std::size_t size, bool small) const noexcept;
-  detail::Block* smallest_mapped_fit(const detail::StreamPool& pool, std::size_t size,
-                                     bool small) const;
-  detail::Block* new_expandable_segment(detail::StreamPool& pool, std::size_t size, bool small);
-  bool map_for(detail::StreamPool& pool, detail::Block* b, std::size_t size, bool small);
-  bool map_range(detail::StreamPool& pool, detail::Segment& seg, std::uintptr_t lo,
-                 std::uintptr_t hi, std::uintptr_t limit);
-  /// Pages [first, end) of one segment.
-  struct PageRun {
-    std::size_t first;
-    std::size_t end;
-  };
-  void unmap_mapped_now(detail::StreamPool& pool, detail::Segment& seg,
-                        const std::vector<PageRun>& runs);
-  bool obtain_pages(const detail::StreamPool& pool, const detail::Segment& seg, std::size_t n,
-                    std::uintptr_t lo, std::uintptr_t hi);
-  bool map_run_of(detail::StreamPool& pool, detail::Segment& seg, std::size_t first,
-                  std::size_t end, std::vector<PhysicalHandle>& pieces);
-  bool create_handle(const detail::Segment& seg, std::size_t deficit, std::size_t& ceiling);
-  /// Why pages are unmapped: to give memory back (empty_cache, the release of whole segments),
-  /// or on the allocator's own account (HistoryEntry::reclaim).
-  enum class Unmap : bool { release, reclaim };
-  std::size_t reclaim_pages(const detail::StreamPool* held, std::size_t want,
-                            const detail::Segment* keep, std::uintptr_t lo, std::uintptr_t hi,
-                            Unmap why);
+  /// Blocks until the work submitted to `stream` so far has completed (an event queried first).
   void wait_for_stream(Stream stream);
-  void unmap_pages(detail::StreamPool& pool, detail::Segment& seg, std::size_t first,
-                   std::size_t end, Unmap why);
-  bool release_expandable(detail::StreamPool& pool, detail::Block* b);
-  std::size_t release_unused_handles();
-  void trim_to_threshold();
-  void check_pages(const std::vector<const detail::Segment*>& segments) const;
-  std::size_t handle_size(bool large) const noexcept;
+  /// Chooses the backing at construction: the engine where wanted and the device offers virtual
+  /// memory, else classic segments (vmm_note_ says why).
+  void choose_backing();
+  /// The engine refused by the device at its first growth: classic segments from now on, once.
+  void fall_back_to_segments(const std::string& why, const detail::StreamPool* held);
+  /// backing_->grow, falling back to classic segments when the engine reports a refusal.
+  detail::Block* grow(detail::StreamPool& pool, std::size_t size, bool small);
 
   // Inspection helpers (inspect.cpp).
   void check_pool(const detail::StreamPool& pool, Stats& totals) const;
@@ -244,13 +259,19 @@ class CachingAllocator::Impl {
   std::int64_t num_handles_created_ = 0;
   std::int64_t num_handles_released_ = 0;
   std::int64_t num_reclaim_syncs_ = 0;
+  std::int64_t num_handle_splits_ = 0;
 
-  // The virtual-memory engine.
-  bool vmm_ = false;                // the engine is on (fixed at construction)
-  bool trims_ = false;              // the engine with a release threshold
-  std::size_t page_size_ = 0;       // the device's granularity
-  std::size_t reserved_va_ = 0;     // address space of the expandable segments
-  detail::PagePool page_pool_;      // handles and unmapped pages (global lock)
+  // The backing: classic segments or the virtual-memory engine.
+  std::unique_ptr<Backing> backing_;
+  std::unique_ptr<Backing> retired_backing_;  // the engine after a fallback (never used again)
+  std::string refusal_;  // set by the engine when the device refused it at its first growth
+  std::atomic<bool> vmm_{false};    // the engine is on (fixed at its first growth at the latest)
+  std::atomic<bool> trims_{false};  // the engine with a release threshold
+  // The engine near the limit: blocks on handles of several granules then take the slow path,
+  // where such a handle, free but for the request, is given back and the request gets handles of
+  // one granule (MappedHandles::cached_fit). Read without a lock on the hot path.
+  std::atomic<bool> tight_{false};
+  std::string vmm_note_;            // why the engine is off where it was wanted ("" if not)
   std::string last_release_error_;  // why the most recent segment release failed
 };
 

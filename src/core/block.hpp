@@ -76,11 +76,13 @@ struct Segment {
   Segment* next = nullptr;
   bool large = false;
 
-  // The virtual-memory engine (page_pool.hpp): an expandable segment is a reserved address
-  // range whose pages are mapped only where blocks need them. `pages[i]` is the physical page
-  // mapped at base + i * page_size, or kNoPage. Classic segments have no pages and
+  // The virtual-memory engine (vmm.cpp, handle_table.hpp): an expandable segment is a reserved
+  // address range whose granules ("pages") are mapped only where blocks need them. `pages[i]`
+  // names the slot of the handle mapped over granule i (the low 32 bits), with kCoarse set when
+  // that handle spans several granules, or is kNoPage. Classic segments have no pages and
   // unmapped_pages == 0, so the cache-hit path tests one counter.
   static constexpr std::uint64_t kNoPage = ~std::uint64_t{0};
+  static constexpr std::uint64_t kCoarse = std::uint64_t{1} << 62;
   std::vector<std::uint64_t> pages;
   std::size_t unmapped_pages = 0;
   std::size_t page_size = 0;

@@ -18,22 +18,32 @@ using detail::StreamPool;
 
 namespace {
 
-// mapped_for's test of an expandable segment with unmapped pages, out of line so that the
-// test of a fully mapped segment stays short.
+// mapped_for's test of an expandable segment with unmapped granules (or near the limit), out of
+// line so that the test of a fully mapped segment stays short.
 __attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, const Block& b,
-                                           std::size_t size, bool small) noexcept {
+                                           std::size_t size, bool small, bool tight) noexcept {
   const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
-  return b.segment->pages_mapped(b.addr, b.addr + used);
+  const detail::Segment& s = *b.segment;
+  const std::size_t g = s.page_size;
+  for (std::size_t i = (b.addr - s.base) / g; s.base + i * g < b.addr + used; ++i) {
+    const std::uint64_t page = s.pages[i];
+    if (page == detail::Segment::kNoPage || (tight && (page & detail::Segment::kCoarse) != 0)) {
+      return false;
+    }
+  }
+  return true;
 }
 
-// Whether the cached block `b` can serve `size` without mapping a page: always in a classic
-// segment; in an expandable one, when the pages under the part handed out (the block, or its
-// first `size` bytes when it is split: map_for's range) are all mapped. The pages of the rest of
-// the segment do not matter, so the engine adds nothing to a hit on mapped memory.
+// Whether the cached block `b` can serve `size` on the hot path: always in a classic segment; in
+// an expandable one, when the granules under the part handed out (the block, or its first `size`
+// bytes when it is split: map_for's range) are all mapped - and, near the limit, none lies on a
+// handle of several granules (the slow path may give such a handle back and map the request on
+// handles of one granule). The rest of the segment does not matter, so the engine adds nothing to
+// a hit on mapped memory but the load of one flag.
 CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
-                            bool small) noexcept {
-  if (b.segment->unmapped_pages == 0) return true;
-  return part_mapped(policy, b, size, small);
+                            bool small, bool tight) noexcept {
+  if (b.segment->unmapped_pages == 0 && !(tight && b.segment->expandable)) return true;
+  return part_mapped(policy, b, size, small, tight);
 }
 
 }  // namespace
@@ -89,6 +99,10 @@ CachingAllocator::Impl::Impl(Device& device, Config config)
   MemoryInfo info;
   if (device_.memory_info(&info) == Status::ok) device_total_ = info.total;
   update_allowed();
+  choose_backing();
+}
+
+void CachingAllocator::Impl::choose_backing() {
   const bool supported = device_.supports_virtual_memory();
   if (config_.vmm == Config::Vmm::on && !supported) {
     throw InvalidArgument(fmt::format(
@@ -98,18 +112,58 @@ CachingAllocator::Impl::Impl(Device& device, Config config)
   }
   // expandable_segments:True asks for the engine as vmm:True does, but (as in PyTorch) falls
   // back to classic segments where the device cannot map pages.
-  const bool wanted = config_.vmm == Config::Vmm::on || (config_.vmm == Config::Vmm::automatic) ||
-                      config_.expandable_segments;
-  vmm_ = supported && wanted && config_.vmm != Config::Vmm::off;
-  page_size_ = device_.granularity();
+  const bool wanted = config_.vmm != Config::Vmm::off;
+  vmm_ = supported && wanted;
+  if (wanted && !supported) {
+    vmm_note_ = fmt::format("device {} ({}) has no virtual memory", device_.index(), device_.name());
+  }
+  backing_ = vmm_ ? make_mapped_handles() : make_segments();
+  if (vmm_) policy_ = policy_.for_engine();
   trims_ = vmm_ && config_.release_threshold != SIZE_MAX;
+}
+
+// Global lock held, no segment of the engine's yet. The device refused a virtual-memory call at
+// the engine's first growth (MIG, vGPU, a driver without the API): classic segments from now on.
+void CachingAllocator::Impl::fall_back_to_segments(const std::string& why,
+                                                   const StreamPool* held) {
+  if (config_.vmm == Config::Vmm::on) {
+    throw DeviceError("map", fmt::format("cistern: vmm:True, but device {} ({}) refused the "
+                                         "virtual-memory engine: {}",
+                                         device_.index(), device_.name(), why));
+  }
+  vmm_note_ = fmt::format("device {} ({}) refused the virtual-memory engine at its first growth, "
+                          "so cistern uses cudaMalloc segments: {}",
+                          device_.index(), device_.name(), why);
+  vmm_ = false;
+  trims_ = false;
+  tight_ = false;
+  policy_ = detail::SizePolicy(config_);
+  for (const auto& pool : pools_.all()) {
+    std::unique_lock<detail::SpinLock> lock(pool->mutex, std::defer_lock);
+    if (pool.get() != held) lock.lock();
+    pool->reset_policy(policy_);
+  }
+  // Kept, not destroyed: this runs inside a call the engine made.
+  retired_backing_ = std::move(backing_);
+  backing_ = make_segments();
+}
+
+// Backing::grow, and the fallback to classic segments when the engine is refused at its first
+// growth (the request is then served by a segment).
+Block* CachingAllocator::Impl::grow(StreamPool& pool, std::size_t size, bool small) {
+  Block* b = backing_->grow(pool, size, small);
+  if (b == nullptr && !refusal_.empty()) {
+    fall_back_to_segments(refusal_, &pool);
+    refusal_.clear();
+    b = backing_->grow(pool, size, small);
+  }
+  return b;
 }
 
 CachingAllocator::Impl::~Impl() {
   std::lock_guard<std::mutex> global(mutex_);
   try {
     release_cache(nullptr);
-    if (vmm_) release_unused_handles();
   } catch (const Error&) {
     // The device is failing (or, with CUDA, already shut down): what is left is its to reclaim.
   }
@@ -181,13 +235,17 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
     }
     // A block with pages missing is mapped on the slow path.
     Block* b = pool.find(size, small);
-    if (b != nullptr && mapped_for(policy_, *b, size, small)) return pool.take(b, size, bytes);
+    if (b != nullptr && mapped_for(policy_, *b, size, small, tight_.load(std::memory_order_relaxed))) {
+      return pool.take(b, size, bytes);
+    }
   }
   return allocate_slow(pool, size, bytes, small);
 }
 
-// A miss: what PyTorch does, in its order, with one step added (taking over a cached segment
-// from another stream before asking the device).
+// A miss: what PyTorch does, in its order, for classic segments and the engine alike (only how
+// memory is obtained and given back differs: Backing), with two steps added - taking over a
+// cached segment from another stream before asking the device, and (the engine) reclaiming the
+// memory under cached free blocks before releasing the whole cache.
 void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, std::size_t bytes,
                                             bool small) {
   std::lock_guard<std::mutex> global(mutex_);
@@ -196,30 +254,29 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   if (small) {
     if (void* p = pool.take_parked(size, bytes)) return p;  // freed meanwhile
   }
-  if (vmm_) return allocate_engine(pool, size, bytes, small);
-  if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+  if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   // Coalesce what is parked before anything that would need more memory.
   pool.flush_parked();
-  if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+  if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   if (config_.garbage_collection_threshold > 0.0) collect_garbage(&pool);
   if (config_.cross_stream_reuse && take_over_segment(pool, size, small, /*idle_only=*/true)) {
-    if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+    if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   }
-  const std::size_t segment = policy_.segment_size(size);
-  if (Block* b = new_segment(pool, segment, small)) return pool.take(b, size, bytes);
+  if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
   // The device is full: any cached segment of another stream is better than freeing the cache.
   if (config_.cross_stream_reuse && take_over_segment(pool, size, small, /*idle_only=*/false)) {
-    if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
+    if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   }
   if (release_oversize(pool, size)) {
-    if (Block* b = new_segment(pool, segment, small)) return pool.take(b, size, bytes);
+    if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
   }
+  if (Block* b = backing_->reclaim_and_grow(pool, size, small)) return pool.take(b, size, bytes);
   // Last resort: wait for every pending free, return the whole cache to the device, retry.
   ++num_alloc_retries_;
   release_cache(&pool);
-  if (Block* b = pool.find(size, small)) return pool.take(b, size, bytes);
-  if (Block* b = new_segment(pool, segment, small)) return pool.take(b, size, bytes);
-  throw_out_of_memory(pool, bytes, size, segment, small);
+  if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
+  if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
+  throw_out_of_memory(pool, bytes, size, policy_.segment_size(size), small);
 }
 
 // --- deallocate -----------------------------------------------------------------------------------------
@@ -275,7 +332,7 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   }
   if (!freed) deallocate_slow(addr, stream);
   // With a release threshold a free may give memory back (no pool lock may be held for that).
-  if (trims_) trim_to_threshold();
+  if (trims_) backing_->trim();
 }
 
 namespace {
@@ -570,6 +627,7 @@ std::pair<void*, std::size_t> CachingAllocator::base_allocation(void* ptr) const
 std::size_t CachingAllocator::reserved_bytes() const noexcept { return impl_->reserved_bytes(); }
 std::size_t CachingAllocator::allocated_bytes() const noexcept { return impl_->allocated_bytes(); }
 bool CachingAllocator::uses_virtual_memory() const noexcept { return impl_->uses_vmm(); }
+std::string CachingAllocator::virtual_memory_note() const { return impl_->virtual_memory_note(); }
 const Config& CachingAllocator::config() const noexcept { return impl_->config(); }
 Device& CachingAllocator::device() const noexcept { return impl_->device(); }
 void CachingAllocator::set_memory_fraction(double fraction) {

@@ -44,6 +44,8 @@ Stats CachingAllocator::Impl::stats() const {
   s.num_handles_created = num_handles_created_;
   s.num_handles_released = num_handles_released_;
   s.num_reclaim_syncs = num_reclaim_syncs_;
+  s.num_handle_splits = num_handle_splits_;
+  s.num_vmm_fallbacks = vmm_note_.empty() ? 0 : 1;
   s.max_split_size =
       config_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(config_.max_split_size);
   return s;
@@ -68,7 +70,7 @@ void CachingAllocator::Impl::reset_accumulated_stats() {
   num_alloc_retries_ = num_ooms_ = num_sync_all_streams_ = 0;
   num_device_alloc_ = num_device_free_ = num_cross_stream_reuse_ = 0;
   num_pages_mapped_ = num_pages_unmapped_ = num_pages_reclaimed_ = 0;
-  num_handles_created_ = num_handles_released_ = num_reclaim_syncs_ = 0;
+  num_handles_created_ = num_handles_released_ = num_reclaim_syncs_ = num_handle_splits_ = 0;
 }
 
 // --- snapshot -------------------------------------------------------------------------------------------
@@ -262,7 +264,7 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
   for (const detail::Segment* s = pool.segments(); s != nullptr; s = s->next) {
     ++segments;
     check_segment(pool, *s);
-    count_segment(*s, policy_, expected);
+    count_segment(*s, pool.policy(), expected);
     for (const Block* b = s->head; b != nullptr; b = b->next) {
       check_block_membership(pool, b);
       const int kind = s->large ? 1 : 0;
@@ -328,80 +330,6 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
   expect(pool.allocated_bytes_relaxed() ==
              expected.get(StatKind::allocated_bytes, StatPool::all).current,
          pool, "allocated-bytes mirror disagrees");
-}
-
-// The engine's pages: every page of an allocated, pending or parked block is mapped; every
-// mapped or pooled page belongs to a live handle and appears once; the handles' pages are exactly
-// the mapped and pooled ones; the reserved counter is the handles held.
-void CachingAllocator::Impl::check_pages(
-    const std::vector<const detail::Segment*>& segments) const {
-  auto fail = [](const std::string& what) {
-    throw InvariantViolation("cistern::check: virtual-memory engine: " + what);
-  };
-  const auto& handles = page_pool_.handles();
-  std::set<std::uint64_t> seen;
-  auto claim = [&](std::uint64_t id, const char* where) {
-    const std::uint32_t slot = detail::page_slot(id);
-    if (slot >= handles.size() || !handles[slot].live ||
-        detail::page_index(id) >= handles[slot].pages) {
-      fail(fmt::format("{} page {:#x} is not a page of a live handle", where, id));
-    }
-    if (!seen.insert(id).second) fail(fmt::format("page {:#x} is used twice", id));
-  };
-  for (const detail::Segment* s : segments) {
-    const std::size_t g = s->page_size;
-    if (g != page_size_ || s->pages.size() * g != s->size) {
-      fail(fmt::format("segment {:#x}: {} pages of {} bytes for {} bytes", s->base, s->pages.size(),
-                       g, s->size));
-    }
-    const auto unmapped = static_cast<std::size_t>(
-        std::count(s->pages.begin(), s->pages.end(), detail::Segment::kNoPage));
-    if (unmapped != s->unmapped_pages) {
-      fail(fmt::format("segment {:#x}: {} pages unmapped but counted {}", s->base, unmapped,
-                       s->unmapped_pages));
-    }
-    for (const std::uint64_t id : s->pages) {
-      if (id != detail::Segment::kNoPage) claim(id, "mapped");
-    }
-    for (const Block* b = s->head; b != nullptr; b = b->next) {
-      if (b->is_free()) continue;
-      for (std::size_t i = (b->addr - s->base) / g; i * g < b->addr + b->size - s->base; ++i) {
-        if (s->pages[i] == detail::Segment::kNoPage) {
-          fail(fmt::format("the {} block {:#x} uses the unmapped page at {:#x}",
-                           b->state == State::allocated ? "allocated" : "pending or parked",
-                           b->addr, s->base + i * g));
-        }
-      }
-    }
-  }
-  std::size_t va = 0;
-  for (const detail::Segment* s : segments) va += s->size;
-  if (va != reserved_va_) {
-    fail(fmt::format("the segments span {} bytes but the counter says {}", va, reserved_va_));
-  }
-  std::vector<std::size_t> pooled(handles.size(), 0);
-  for (const std::uint64_t id : page_pool_.pooled_pages()) {
-    claim(id, "pooled");
-    ++pooled[detail::page_slot(id)];
-  }
-  std::size_t held = 0;
-  std::size_t pages = 0;
-  for (std::size_t slot = 0; slot < handles.size(); ++slot) {
-    if (!handles[slot].live) continue;
-    if (pooled[slot] != handles[slot].pooled) {
-      fail(fmt::format("handle {} has {} pages pooled but counts {}", slot, pooled[slot],
-                       handles[slot].pooled));
-    }
-    held += handles[slot].pages * page_size_;
-    pages += handles[slot].pages;
-  }
-  if (seen.size() != pages) {
-    fail(fmt::format("the live handles have {} pages but {} are mapped or pooled", pages,
-                     seen.size()));
-  }
-  if (held != reserved_bytes()) {
-    fail(fmt::format("reserved counter {} but the handles hold {}", reserved_bytes(), held));
-  }
 }
 
 // The region table names, for every region, the pools whose segments overlap it, so that a lookup
@@ -473,9 +401,9 @@ void CachingAllocator::Impl::check() const {
   }
   check_regions();
   const std::int64_t reserved = totals.get(StatKind::reserved_bytes, StatPool::all).current;
-  if (vmm_) {
-    check_pages(expandable);  // reserved memory is the handles held, not the segments
-  } else if (static_cast<std::int64_t>(reserved_bytes()) != reserved) {
+  // Reserved memory is what the backing holds: segments, or the engine's handles.
+  backing_->check(expandable);
+  if (!vmm_ && static_cast<std::int64_t>(reserved_bytes()) != reserved) {
     throw InvariantViolation(fmt::format("cistern::check: reserved counter {} but segments hold {}",
                                          reserved_bytes(), reserved));
   }

@@ -1,9 +1,9 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// Device memory for the caching allocator: obtaining segments, taking a cached segment over from
-// another stream, and giving memory back (oversize release, garbage collection, the full
-// release of the out-of-memory path and of empty_cache). Everything here runs under the global
-// lock.
+// What the miss path does with cached memory, for both backings (segments.cpp, vmm.cpp): taking a
+// cached segment over from another stream, and giving memory back (oversize release, garbage
+// collection, the full release of the out-of-memory path and of empty_cache). Everything here
+// runs under the global lock.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,39 +23,6 @@ bool before(const Block* a, const Block* b) noexcept {
 }
 
 }  // namespace
-
-// Pool lock held. A new segment's single free block (indexed), or nullptr when the device (or
-// the configured limit) has no room. Other device failures throw with nothing changed.
-Block* CachingAllocator::Impl::new_segment(StreamPool& pool, std::size_t size, bool small) {
-  if (exceeds_limit(size)) return nullptr;
-  void* ptr = nullptr;
-  const Status status = device_.allocate(size, &ptr);
-  if (status == Status::out_of_memory) return nullptr;
-  detail::check_device(device_, status, DeviceOp::allocate);
-  ++num_device_alloc_;
-  reserved_.fetch_add(size, std::memory_order_relaxed);
-  record(HistoryEntry::Action::segment_alloc, reinterpret_cast<std::uintptr_t>(ptr), size,
-         pool.stream);
-  return pool.add_new_segment(reinterpret_cast<std::uintptr_t>(ptr), size, !small);
-}
-
-// Pool lock held; `b` is a whole free segment. Returns it to the device; on failure it stays
-// cached and the reason is kept in last_release_error_.
-bool CachingAllocator::Impl::release_segment(StreamPool& pool, Block* b) {
-  if (b->segment->expandable) return release_expandable(pool, b);
-  const std::uintptr_t base = b->segment->base;
-  const std::size_t size = b->segment->size;
-  const Status status = device_.deallocate(reinterpret_cast<void*>(base));
-  if (status != Status::ok) {
-    last_release_error_ = fmt::format("{}: {}", to_string(status), device_.last_error());
-    return false;
-  }
-  ++num_device_free_;
-  reserved_.fetch_sub(size, std::memory_order_relaxed);
-  record(HistoryEntry::Action::segment_free, base, size, pool.stream);
-  delete pool.remove_whole_segment(b, /*count_as_freed=*/true);
-  return true;
-}
 
 // Pool lock held. Moves the best-fitting whole free segment of another stream's pool into this
 // one. The segment may still be in use by work already submitted to its stream, so this stream
@@ -110,7 +77,7 @@ bool CachingAllocator::Impl::take_over_segment(StreamPool& pool, std::size_t siz
 // the smallest whole oversize block of this pool that covers the request, or else the largest
 // ones until they add up to it.
 bool CachingAllocator::Impl::release_oversize(StreamPool& pool, std::size_t size) {
-  if (config_.max_split_size == SIZE_MAX) return false;
+  if (!policy_.limits_splits()) return false;  // not set, or the engine (which ignores it)
   const std::size_t needed = std::max(size, config_.max_split_size);
   std::vector<Block*> oversize;
   for (Block* b = pool.whole_free(false); b != nullptr; b = b->whole_next) {
@@ -119,17 +86,19 @@ bool CachingAllocator::Impl::release_oversize(StreamPool& pool, std::size_t size
   std::sort(oversize.begin(), oversize.end(), before);
   const auto fit = std::find_if(oversize.begin(), oversize.end(),
                                 [&](const Block* b) { return b->size >= needed; });
-  if (fit != oversize.end()) return release_segment(pool, *fit);
+  if (fit != oversize.end()) return backing_->release_segment(pool, *fit);
   std::size_t released = 0;
   for (auto it = oversize.rbegin(); it != oversize.rend() && released < needed; ++it) {
     const std::size_t bytes = (*it)->size;
-    if (release_segment(pool, *it)) released += bytes;
+    if (backing_->release_segment(pool, *it)) released += bytes;
   }
   return released >= needed;
 }
 
 // Waits for every pending free of every pool, then returns every whole free segment to the
-// device. `held`: a pool whose lock the caller holds. Returns how many releases failed.
+// device, and what the backing holds under the cached free blocks of the others (the engine's
+// handles; PyTorch unmaps the free pages of its expandable segments here too). `held`: a pool
+// whose lock the caller holds. Returns how many releases failed.
 std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held) {
   AllPoolsLock locks(pools_, held);
   ++num_sync_all_streams_;
@@ -143,22 +112,17 @@ std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held) {
       Block* b = pool->whole_free(small);
       while (b != nullptr) {
         Block* next = b->whole_next;
-        if (!release_segment(*pool, b)) ++failures;
+        if (!backing_->release_segment(*pool, b)) ++failures;
         b = next;
       }
     }
   }
-  return failures;
+  return failures + backing_->release_rest();
 }
 
 void CachingAllocator::Impl::empty_cache() {
   std::lock_guard<std::mutex> global(mutex_);
-  std::size_t failures = release_cache(nullptr);
-  if (vmm_) {
-    // Every page left inside a cached free block of a split segment, then every handle unused.
-    reclaim_pages(nullptr, SIZE_MAX, nullptr, 0, 0, Unmap::release);
-    failures += release_unused_handles();
-  }
+  const std::size_t failures = release_cache(nullptr);
   if (failures != 0) {
     throw DeviceError("deallocate",
                       fmt::format("cistern: empty_cache: {} segment(s) or handle(s) could not be "
@@ -202,13 +166,38 @@ void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
       if (c.block == nullptr || static_cast<double>(c.age) < average || reclaimed >= target)
         continue;
       const std::size_t bytes = c.block->size;
-      if (release_segment(*c.pool, c.block)) reclaimed += bytes;
+      if (backing_->release_segment(*c.pool, c.block)) reclaimed += bytes;
       total_age -= c.age;
       --left;
       c.block = nullptr;
       progress = true;
     }
     if (!progress) break;
+  }
+}
+
+// Blocks until the work submitted to `stream` so far has completed, through an event that is
+// queried first (most reclaims find the stream idle and wait for nothing).
+void CachingAllocator::Impl::wait_for_stream(Stream stream) {
+  Event event;
+  try {
+    event = events_.acquire();
+  } catch (const DeviceError&) {
+    ++num_reclaim_syncs_;
+    detail::check_device(device_, device_.synchronize_stream(stream), DeviceOp::synchronize_stream);
+    return;
+  }
+  Status status = device_.record_event(event, stream);
+  if (status == Status::ok) status = device_.query_event(event);
+  if (status == Status::not_ready) {
+    ++num_reclaim_syncs_;
+    status = device_.synchronize_event(event);
+  }
+  events_.release(event);
+  if (status != Status::ok) {
+    // Unmapping without knowing the work is done would be unsafe: fall back to the stream.
+    ++num_reclaim_syncs_;
+    detail::check_device(device_, device_.synchronize_stream(stream), DeviceOp::synchronize_stream);
   }
 }
 

@@ -82,6 +82,17 @@ class SizePolicy {
 
   /// Whether a block or segment counts as oversize.
   bool is_oversize(std::size_t size) const noexcept { return size >= max_split_size_; }
+  /// Whether max_split_size limits anything (it is set).
+  bool limits_splits() const noexcept { return max_split_size_ != SIZE_MAX; }
+
+  /// The policy of the virtual-memory engine: the same but for max_split_size, which it ignores -
+  /// the memory a large free block does not use goes back handle by handle, so no block needs to
+  /// be kept from being cut (and a reserved range, mostly unmapped, must be cut to be used).
+  SizePolicy for_engine() const noexcept {
+    SizePolicy engine = *this;
+    engine.max_split_size_ = SIZE_MAX;
+    return engine;
+  }
 
  private:
   // PyTorch's interval index: floor(log2(bytes)) - 20, clamped to the table.

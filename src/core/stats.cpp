@@ -78,6 +78,8 @@ std::map<std::string, std::int64_t> Stats::flatten() const {
   out["num_handles_created"] = num_handles_created;
   out["num_handles_released"] = num_handles_released;
   out["num_reclaim_syncs"] = num_reclaim_syncs;
+  out["num_handle_splits"] = num_handle_splits;
+  out["num_vmm_fallbacks"] = num_vmm_fallbacks;
   return out;
 }
 

@@ -264,6 +264,14 @@ class StreamPool {
   /// The lookup count of a kind (ages of cached blocks for garbage collection).
   std::uint64_t lookups(bool small) const noexcept { return lookups_[small ? 0 : 1]; }
 
+  /// Replaces the size policy (the allocator falling back from the engine to classic segments,
+  /// before this pool holds any segment).
+  void reset_policy(const SizePolicy& policy) noexcept {
+    CISTERN_ASSERT_INTERNAL(segments_ == nullptr);
+    policy_ = policy;
+  }
+  const SizePolicy& policy() const noexcept { return policy_; }
+
   // --- observation (pool lock held) --------------------------------------------------------------
 
   /// Parked blocks (all sizes).
@@ -394,7 +402,7 @@ class StreamPool {
   void link_segment(Segment* s);  // throws (nothing linked) if the region table cannot grow
   void unlink_segment(Segment* s) noexcept;
 
-  const SizePolicy policy_;  // a copy: one load per size rule on the hot path
+  SizePolicy policy_;  // a copy: one load per size rule on the hot path
   std::atomic<SharedStats*>& shared_;
   std::atomic<HistoryLog*>& history_;
   BlockIndex indexes_[2];  // small, large

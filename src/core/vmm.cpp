@@ -1,16 +1,33 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// The virtual-memory engine: segments are reserved address ranges (expandable segments) placed
-// and cut by the same best fit as classic ones, and physical memory is granule-sized pages mapped
-// only where a block is handed out. A cached free block keeps its pages, so a steady state makes
-// no device calls. When a request needs pages and no handle can be created (the device or the
-// configured limit is full), pages lying entirely inside cached free blocks - of any pool - are
-// unmapped and mapped where they are needed (reclaim). A page is unmapped only once the work of
-// its pool's stream has completed: one event per pool, queried first and waited for only if
-// still running. Everything here runs under the global lock.
+// The virtual-memory engine: segments are reserved address ranges placed and cut by the same best
+// fit as classic ones, and physical memory is mapped into them as whole handles, only where a
+// block is handed out. The driver maps a handle only whole, at offset 0, and unmaps only whole
+// mappings (vmm-and-planning.md section 4), so a handle is the unit of everything here: created
+// for a run of granules that a block needs, mapped there whole, unmapped and released whole once
+// every granule it covers lies inside a cached free block.
+//
+// How large a handle is decides both costs. The driver's price is per mapping, not per byte - a
+// cuMemSetAccess and a cuMemUnmap cost about 28 and 20 us for each mapping they cover, whatever
+// its size - so one handle per growth (as one cudaMalloc per classic segment) is what makes the
+// engine as cheap as cudaMalloc. But a handle goes back only whole, so a large one under a single
+// small live block holds all its memory. The engine therefore sizes handles by how much room the
+// device has left: with room to spare, one handle per growth, extended over the free rest of the
+// block up to the pool's handle size (PyTorch's 2 and 20 MiB pages), so that the next blocks cut
+// from it need no call; near the limit - where every byte held under a free block may be the byte
+// a request lacks - one handle per granule, exactly under the blocks that need them, so that
+// whatever a free block covers can be given back. Near the limit it can thus always do what
+// PyTorch's expandable segments do, with granules of 2 MiB where they use 20 MiB pages.
+//
+// A cached free block keeps its handles, so a steady state makes no device calls. When a growth
+// finds no room, handles lying entirely inside cached free blocks - of any pool - are unmapped and
+// released (reclaim), once the work of their pool's stream has completed (one event per pool,
+// queried first and waited for only if still running), and the growth is tried again. Everything
+// here runs under the global lock.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "allocator_impl.hpp"
 #include "device_call.hpp"
@@ -18,423 +35,673 @@
 namespace cistern {
 
 using detail::Block;
+using detail::HandleSlot;
 using detail::Segment;
 using detail::StreamPool;
 
 namespace {
 
+constexpr std::uint64_t kNoPage = Segment::kNoPage;
+constexpr std::uint64_t kCoarse = Segment::kCoarse;
+
+/// The slot of the handle a mapped granule names.
+std::uint32_t slot_of(std::uint64_t page) noexcept { return static_cast<std::uint32_t>(page); }
+
 std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
 
-void* address(const Segment& seg, std::size_t page) {
-  return reinterpret_cast<void*>(seg.base + page * seg.page_size);
+/// The address space of a new expandable segment: blocks pack across granules inside one range,
+/// as in the single range per pool of PyTorch's expandable segments, and a request larger than
+/// the range gets one of its own. Address space costs no memory.
+constexpr std::size_t kSmallRange = 64 * MiB;
+constexpr std::size_t kLargeRange = 1 * GiB;
+
+/// A run of granules [first, end) of one segment.
+struct GranuleRun {
+  std::size_t first;
+  std::size_t end;
+};
+
+/// A handle to create for granules [first, first + granules) of the segment being mapped.
+struct PlannedHandle {
+  std::size_t first;
+  std::size_t granules;
+};
+
+/// Granules [first, end) of one segment that a reclaim must leave mapped (those a block being
+/// mapped needs).
+struct Keep {
+  const Segment* seg = nullptr;
+  std::size_t first = 0;
+  std::size_t end = 0;
+};
+
+/// A handle chosen to be unmapped and released: its slot, the pool (an index into the pool
+/// table) whose segment maps it.
+struct Victim {
+  std::size_t pool;
+  std::uint32_t slot;
+};
+
+}  // namespace
+
+class CachingAllocator::Impl::MappedHandles final : public Backing {
+ public:
+  explicit MappedHandles(Impl& a) : Backing(a), g_(a.device_.granularity()) {}
+
+  // The best fit when its pages are mapped; else the smallest block that can serve the request
+  // on pages already mapped: the best fit would take new handles - or, near the limit, the very
+  // handles of that mapped block, unmapped and mapped again - where the other needs none (address
+  // space is plentiful, physical memory is not).
+  Block* cached_fit(StreamPool& pool, std::size_t size, bool small) override {
+    Block* b = pool.find(size, small);
+    if (b == nullptr) return nullptr;
+    if (mapped(*b, size, small)) return wants_finer(*b, size, small) ? nullptr : b;
+    return smallest_mapped_fit(pool, size, small);
+  }
+
+  Block* grow(StreamPool& pool, std::size_t size, bool small) override {
+    return back(pool, size, small, /*reclaim=*/false);
+  }
+
+  Block* reclaim_and_grow(StreamPool& pool, std::size_t size, bool small) override {
+    return back(pool, size, small, /*reclaim=*/true);
+  }
+
+  bool release_segment(StreamPool& pool, Block* b) override;
+  std::size_t release_rest() override;
+  void trim() override;
+  void check(const std::vector<const Segment*>& segments) const override;
+
+ private:
+  Block* back(StreamPool& pool, std::size_t size, bool small, bool reclaim);
+  bool possible(std::size_t size) const noexcept;
+  std::size_t used_part(const Block& b, std::size_t size, bool small) const noexcept {
+    return a_.policy_.should_split(b.size, size, small) ? size : b.size;
+  }
+  bool mapped(const Block& b, std::size_t size, bool small) const noexcept {
+    return b.segment->pages_mapped(b.addr, b.addr + used_part(b, size, small));
+  }
+  Block* smallest_mapped_fit(const StreamPool& pool, std::size_t size, bool small) const;
+  std::vector<std::uint32_t> coarse_under(const Block& b, std::size_t first, std::size_t last) const;
+  bool wants_finer(const Block& b, std::size_t size, bool small) const;
+  void make_finer(StreamPool& pool, Block& b, std::size_t first, std::size_t last);
+  void update_tight();
+  Block* new_segment(StreamPool& pool, std::size_t size, bool small);
+  bool map_for(StreamPool& pool, Block& b, std::size_t size, bool small, bool reclaim);
+  std::vector<PlannedHandle> plan(const Segment& seg, std::size_t first, std::size_t last,
+                                  std::size_t limit, bool small);
+  std::size_t headroom();
+  std::size_t fine_margin() const noexcept;
+  bool create(const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots,
+              StreamPool& pool, Keep keep, bool reclaim);
+  bool map_planned(StreamPool& pool, Segment& seg, const std::vector<PlannedHandle>& planned,
+                   const std::vector<std::uint32_t>& slots);
+  void drop_unmapped_segments(const StreamPool* held);
+  void discard(const std::vector<std::uint32_t>& slots);
+  bool refused(Status status, DeviceOp op);
+
+  // Reclaim: handles lying entirely inside cached free blocks.
+  enum class Unmap : bool { release, reclaim };  // why: to give memory back, or to make room
+  std::size_t reclaim(const StreamPool* held, std::size_t want, Keep keep);
+  std::size_t reclaim_locked(std::size_t want, Keep keep, std::size_t* failures);
+  std::vector<Victim> free_handles(Keep keep) const;
+  std::size_t unmap_and_release(StreamPool& pool, Segment& seg,
+                                const std::vector<std::uint32_t>& slots, Unmap why);
+  std::size_t release_slot(std::uint32_t slot);
+  std::size_t release_unplaced();
+
+  const std::size_t g_;          // the device's granularity: every handle is a multiple of it
+  std::size_t reserved_va_ = 0;  // address space of the expandable segments
+  detail::HandleTable handles_;
+  bool grown_ = false;  // a first growth succeeded: a refusal from now on is an error, no fallback
+  bool constrained_ = false;  // a growth has had to reclaim
+};
+
+std::unique_ptr<CachingAllocator::Impl::Backing> CachingAllocator::Impl::make_mapped_handles() {
+  return std::make_unique<MappedHandles>(*this);
 }
 
-/// Calls f(i, j) for each longest run [i, j) of pages of `seg` within [first, end) that are all
-/// mapped (`mapped`) or all unmapped, in address order: one device call serves each run. Stops
-/// and returns false as soon as f does. f may change the pages of the run it is given.
-template <class F>
-bool for_each_run(const Segment& seg, std::size_t first, std::size_t end, bool mapped, F&& f) {
-  const auto in_run = [&](std::size_t i) { return (seg.pages[i] != Segment::kNoPage) == mapped; };
-  for (std::size_t i = first; i < end;) {
-    if (!in_run(i)) {
+// --- choosing and backing a block -------------------------------------------------------------------
+
+// Whether the device or the limit could ever back `size` (a request past them skips the search for
+// memory - reserving address space, scanning every pool - and goes to the release and the error).
+bool CachingAllocator::Impl::MappedHandles::possible(std::size_t size) const noexcept {
+  const std::size_t bytes = round_up(size, g_);
+  return (a_.device_total_ == 0 || bytes <= a_.device_total_) && bytes <= a_.allowed_;
+}
+
+// A scan of the pool's free blocks: only a request whose best fit lacks pages - one that would
+// otherwise call the device - pays for it.
+Block* CachingAllocator::Impl::MappedHandles::smallest_mapped_fit(const StreamPool& pool,
+                                                                   std::size_t size,
+                                                                   bool small) const {
+  Block* best = nullptr;
+  pool.index(small).for_each([&](Block* c) {
+    if (c->size < size || (best != nullptr && c->size >= best->size)) return;
+    if (!a_.policy_.may_serve(c->size, size)) return;
+    if (mapped(*c, size, small) && !wants_finer(*c, size, small)) best = c;
+  });
+  return best;
+}
+
+// The best fit (or a new segment) with handles mapped under the part the request takes, or
+// nullptr when the device or the limit has no room for them (with `reclaim`: even after giving
+// back the handles under cached free blocks).
+Block* CachingAllocator::Impl::MappedHandles::back(StreamPool& pool, std::size_t size, bool small,
+                                                   bool reclaim) {
+  if (!possible(size)) return nullptr;
+  Block* b = pool.find(size, small);
+  if (b == nullptr) b = new_segment(pool, size, small);
+  if (b == nullptr || !map_for(pool, *b, size, small, reclaim)) {
+    if (!a_.refusal_.empty()) drop_unmapped_segments(&pool);  // classic segments take over
+    return nullptr;
+  }
+  grown_ = true;
+  return b;
+}
+
+// Before a fallback to classic segments: releases every expandable segment (none has a mapped
+// granule, since no growth succeeded), so that no block of one is ever handed out unmapped.
+void CachingAllocator::Impl::MappedHandles::drop_unmapped_segments(const StreamPool* held) {
+  AllPoolsLock locks(a_.pools_, held);
+  for (const auto& pool : a_.pools_.all()) {
+    for (Segment* s = pool->segments(); s != nullptr;) {
+      Segment* next = s->next;
+      if (s->expandable && s->head->is_whole_segment() && s->head->is_free()) {
+        (void)a_.device_.release_reservation(reinterpret_cast<void*>(s->base), s->size);
+        reserved_va_ -= s->size;
+        delete pool->remove_whole_segment(s->head, /*count_as_freed=*/true);
+      }
+      s = next;
+    }
+  }
+}
+
+// --- near the limit: handles of one granule -------------------------------------------------------------
+
+// The handles of several granules under granules [first, last) of the free block `b` (the part a
+// request would take) that lie entirely inside `b` and reach beyond [first, last): handles that
+// could go back whole now, and whose memory the request would otherwise hold in full.
+std::vector<std::uint32_t> CachingAllocator::Impl::MappedHandles::coarse_under(
+    const Block& b, std::size_t first, std::size_t last) const {
+  std::vector<std::uint32_t> found;
+  const Segment& seg = *b.segment;
+  const std::size_t inside_first = (b.addr - seg.base + g_ - 1) / g_;
+  const std::size_t inside_end = (b.addr + b.size - seg.base) / g_;
+  for (std::size_t i = first; i < last;) {
+    const std::uint64_t page = seg.pages[i];
+    if (page == kNoPage || (page & kCoarse) == 0) {
+      ++i;
+      continue;
+    }
+    const HandleSlot& h = handles_[slot_of(page)];
+    const bool inside = h.first >= inside_first && h.first + h.granules <= inside_end;
+    const bool beyond = h.first < first || h.first + h.granules > last;
+    if (inside && beyond) found.push_back(slot_of(page));
+    i = h.first + h.granules;
+  }
+  return found;
+}
+
+// Near the limit: whether serving `size` from the mapped block `b` would hold a handle of several
+// granules that could go back but for this request (make_finer's case).
+bool CachingAllocator::Impl::MappedHandles::wants_finer(const Block& b, std::size_t size,
+                                                        bool small) const {
+  if (!a_.tight_.load(std::memory_order_relaxed)) return false;
+  const Segment& seg = *b.segment;
+  const std::size_t first = (b.addr - seg.base) / g_;
+  const std::size_t last = (b.addr + used_part(b, size, small) - seg.base + g_ - 1) / g_;
+  return !coarse_under(b, first, last).empty();
+}
+
+// Near the limit, before granules [first, last) of the free block `b` are handed out: every
+// handle of several granules under them that lies entirely inside `b` and reaches beyond them is
+// unmapped and released (after the work of the pool's stream), so that the request gets handles
+// of one granule and the rest of the block holds no memory. A handle made large when the device
+// had room would otherwise stay whole under the request's block, however little of it the block
+// uses: this is what keeps the engine's memory, near the limit, the memory of its live blocks.
+void CachingAllocator::Impl::MappedHandles::make_finer(StreamPool& pool, Block& b,
+                                                       std::size_t first, std::size_t last) {
+  const std::vector<std::uint32_t> coarse = coarse_under(b, first, last);
+  if (coarse.empty()) return;
+  a_.wait_for_stream(pool.stream);
+  unmap_and_release(pool, *b.segment, coarse, Unmap::reclaim);
+  ++a_.num_handle_splits_;
+}
+
+// Whether the engine is near the limit, from what the device and the limit have left now.
+void CachingAllocator::Impl::MappedHandles::update_tight() {
+  static const bool sticky = std::getenv("CISTERN_EXP_STICKY") != nullptr;
+  a_.tight_.store(headroom() < fine_margin() || (sticky && constrained_), std::memory_order_relaxed);
+}
+
+// A new expandable segment (address space only), or nullptr when the device has no address space
+// left or refused the engine at its first growth.
+Block* CachingAllocator::Impl::MappedHandles::new_segment(StreamPool& pool, std::size_t size,
+                                                          bool small) {
+  static const std::size_t small_range = [] {
+    const char* t = std::getenv("CISTERN_EXP_SMALL_SEG_MB");
+    return t ? static_cast<std::size_t>(std::atoll(t)) << 20 : kSmallRange;
+  }();
+  static const std::size_t large_range = [] {
+    const char* t = std::getenv("CISTERN_EXP_LARGE_SEG_MB");
+    return t ? static_cast<std::size_t>(std::atoll(t)) << 20 : kLargeRange;
+  }();
+  const std::size_t bytes =
+      round_up(std::max(a_.policy_.segment_size(size), small ? small_range : large_range), g_);
+  void* va = nullptr;
+  const Status status = a_.device_.reserve(bytes, 0, &va);
+  if (status == Status::out_of_memory || refused(status, DeviceOp::reserve)) return nullptr;
+  detail::check_device(a_.device_, status, DeviceOp::reserve);
+  reserved_va_ += bytes;
+  return pool.add_new_segment(reinterpret_cast<std::uintptr_t>(va), bytes, !small, g_);
+}
+
+// Before the engine's first successful growth, a call the device does not support (`not_supported`:
+// CUDA_ERROR_NOT_SUPPORTED from cuMemCreate or cuMemMap under MIG, vGPU or an old driver) means it
+// cannot run the engine: that is reported to the allocator, which falls back to classic segments
+// once. Any other failure, and any failure after a first growth, is an error of the request.
+bool CachingAllocator::Impl::MappedHandles::refused(Status status, DeviceOp op) {
+  if (grown_ || status != Status::not_supported) return false;
+  a_.refusal_ = fmt::format("{} failed: {}: {}", to_string(op), to_string(status),
+                            a_.device_.last_error());
+  return true;
+}
+
+// `b` free and indexed. Maps handles under every unmapped granule of the part of `b` the request
+// takes - and, with room to spare, over the free rest of the block up to the pool's handle size,
+// as a classic segment is obtained whole, so that later blocks cut from it make no call. False
+// (nothing changed) when no room can be had; a failing map undoes this call's handles and throws.
+bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size,
+                                                    bool small, bool reclaim) {
+  Segment& seg = *b.segment;
+  const std::size_t first = (b.addr - seg.base) / g_;
+  const std::size_t last = (b.addr + used_part(b, size, small) - seg.base + g_ - 1) / g_;
+  if (a_.tight_.load(std::memory_order_relaxed)) make_finer(pool, b, first, last);
+  if (seg.unmapped_pages == 0) return true;
+  const std::size_t limit = (b.addr + b.size - seg.base + g_ - 1) / g_;
+  const std::vector<PlannedHandle> planned = plan(seg, first, last, limit, small);
+  if (planned.empty()) return true;
+  std::vector<std::uint32_t> slots;
+  if (!create(planned, slots, pool, Keep{&seg, first, last}, reclaim)) return false;
+  return map_planned(pool, seg, planned, slots);
+}
+
+// The handles that back granules [first, last) of `seg` (the unmapped ones), and with room to
+// spare some of [last, limit): with room, one handle per run of unmapped granules (at most
+// max_handle_size, the last one extended to the pool's handle size over unmapped granules of the
+// block); near the limit, one handle per granule of [first, last) and nothing more.
+std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(const Segment& seg,
+                                                                       std::size_t first,
+                                                                       std::size_t last,
+                                                                       std::size_t limit,
+                                                                       bool small) {
+  std::vector<GranuleRun> runs;
+  std::size_t need = 0;
+  for (std::size_t i = first; i < last;) {
+    if (seg.pages[i] != kNoPage) {
       ++i;
       continue;
     }
     std::size_t j = i + 1;
-    while (j < end && in_run(j)) ++j;
-    if (!f(i, j)) return false;
+    while (j < last && seg.pages[j] == kNoPage) ++j;
+    runs.push_back({i, j});
+    need += j - i;
+    i = j;
+  }
+  std::vector<PlannedHandle> planned;
+  if (runs.empty()) return planned;
+  const std::size_t unit = std::max<std::size_t>(
+      1, round_up(small ? a_.config_.small_handle_size : a_.config_.large_handle_size, g_) / g_);
+  std::size_t cap = SIZE_MAX;
+  if (a_.config_.max_handle_size != 0) {
+    cap = std::max(unit, round_up(a_.config_.max_handle_size, g_) / g_);
+  } else if (a_.config_.release_threshold != SIZE_MAX) {
+    cap = unit;  // memory goes back in these steps
+  }
+  // The spare: unmapped granules of the block right after the last run, up to the handle size.
+  GranuleRun& tail = runs.back();
+  std::size_t extended = tail.end;
+  if (tail.end == last) {
+    while (extended < limit && extended - tail.first < unit && seg.pages[extended] == kNoPage) {
+      ++extended;
+    }
+  }
+  const std::size_t spare = extended - tail.end;
+  const std::size_t room = headroom();
+  static const bool sticky = std::getenv("CISTERN_EXP_STICKY") != nullptr;
+  const bool near_limit = room < (need + spare) * g_ + fine_margin() || (sticky && constrained_);
+  a_.tight_.store(near_limit, std::memory_order_relaxed);
+  if (!near_limit) tail.end = extended;
+  for (const GranuleRun& r : runs) {
+    const std::size_t piece = near_limit ? 1 : cap;
+    for (std::size_t i = r.first; i < r.end; i += std::min(piece, r.end - i)) {
+      planned.push_back({i, std::min(piece, r.end - i)});
+    }
+  }
+  return planned;
+}
+
+// What the device and the limit have left for new handles (cudaMemGetInfo's free memory, which
+// other processes' use lowers too).
+std::size_t CachingAllocator::Impl::MappedHandles::headroom() {
+  std::size_t room = SIZE_MAX;
+  if (a_.allowed_ != SIZE_MAX) {
+    room = a_.allowed_ > a_.reserved_bytes() ? a_.allowed_ - a_.reserved_bytes() : 0;
+  }
+  MemoryInfo info;
+  if (a_.device_.memory_info(&info) == Status::ok) room = std::min(room, info.free);
+  return room;
+}
+
+// How close to the limit handles become one granule each: a sixteenth of the memory the
+// allocator may hold (the device's, or the limit's when lower).
+std::size_t CachingAllocator::Impl::MappedHandles::fine_margin() const noexcept {
+  std::size_t total = a_.device_total_ != 0 ? a_.device_total_ : SIZE_MAX;
+  if (a_.allowed_ != SIZE_MAX) total = std::min(total, a_.allowed_);
+  if (total == SIZE_MAX) return 0;
+  static const std::size_t divisor = [] {
+    const char* text = std::getenv("CISTERN_EXP_FINE_DIV");
+    return text != nullptr ? static_cast<std::size_t>(std::atoll(text)) : std::size_t{16};
+  }();
+  return divisor == 0 ? 0 : total / divisor;
+}
+
+// Creates the planned handles (slots in `slots`, in order, not yet mapped). When the device or
+// the limit has no room for them and `reclaim` is set, handles under cached free blocks of any
+// pool are given back first (never those under `keep`, the granules the request needs), and all
+// of them once more if a creation still fails. False, with every handle of this call released,
+// when there is no room.
+bool CachingAllocator::Impl::MappedHandles::create(const std::vector<PlannedHandle>& planned,
+                                                   std::vector<std::uint32_t>& slots,
+                                                   StreamPool& pool, Keep keep, bool reclaim) {
+  std::size_t total = 0;
+  for (const PlannedHandle& p : planned) total += p.granules * g_;
+  const std::size_t room = headroom();
+  if (room < total) {
+    // A creation the device would refuse costs as much as one it grants: ask it first.
+    if (!reclaim) return false;
+    constrained_ = true;
+    this->reclaim(&pool, total - room, keep);
+  }
+  bool reclaimed_all = !reclaim;
+  for (const PlannedHandle& p : planned) {
+    const std::size_t bytes = p.granules * g_;
+    for (;;) {
+      Status status = Status::out_of_memory;
+      PhysicalHandle handle;
+      if (!a_.exceeds_limit(bytes)) status = a_.device_.create_physical(bytes, &handle);
+      if (status == Status::ok) {
+        slots.push_back(handles_.add(handle, p.granules));
+        a_.reserved_.fetch_add(bytes, std::memory_order_relaxed);
+        ++a_.num_handles_created_;
+        ++a_.num_device_alloc_;
+        break;
+      }
+      if (status == Status::out_of_memory && !reclaimed_all) {
+        reclaimed_all = true;
+        if (this->reclaim(&pool, SIZE_MAX, keep) != 0) continue;
+      }
+      const std::string what = a_.device_.last_error();
+      discard(slots);
+      if (status == Status::out_of_memory || refused(status, DeviceOp::create_physical)) {
+        return false;
+      }
+      throw DeviceError(to_string(DeviceOp::create_physical),
+                        fmt::format("cistern: device {}: create_physical({}): {}: {}",
+                                    a_.device_.index(), format_bytes(bytes), to_string(status),
+                                    what));
+    }
+  }
+  return true;
+}
+
+// Releases handles created by this call and never mapped.
+void CachingAllocator::Impl::MappedHandles::discard(const std::vector<std::uint32_t>& slots) {
+  for (const std::uint32_t slot : slots) release_slot(slot);
+}
+
+// Maps the created handles, each run of adjacent ones in one map_run (a cuMemMap per handle, one
+// cuMemSetAccess over the run), recorded as one segment_map of the run as PyTorch records the
+// growth of an expandable segment. On a failure the runs this call mapped are unmapped and every
+// handle it created is released; then a refusal of the engine at its first growth returns false
+// (refusal_ says why) and any other failure throws DeviceError.
+bool CachingAllocator::Impl::MappedHandles::map_planned(StreamPool& pool, Segment& seg,
+                                                        const std::vector<PlannedHandle>& planned,
+                                                        const std::vector<std::uint32_t>& slots) {
+  std::vector<PhysicalHandle> run;
+  for (std::size_t i = 0; i < planned.size();) {
+    std::size_t j = i + 1;
+    while (j < planned.size() &&
+           planned[j].first == planned[j - 1].first + planned[j - 1].granules) {
+      ++j;
+    }
+    run.clear();
+    for (std::size_t k = i; k < j; ++k) run.push_back(handles_[slots[k]].handle);
+    const std::size_t start = planned[i].first;
+    const std::size_t end = planned[j - 1].first + planned[j - 1].granules;
+    const std::uintptr_t va = seg.base + start * g_;
+    const Status status = a_.device_.map_run(reinterpret_cast<void*>(va), run.data(), run.size());
+    if (status != Status::ok) {
+      const std::string what = a_.device_.last_error();
+      // The runs mapped before this one were never handed out: nothing ran on them.
+      const std::vector<std::uint32_t> placed(slots.begin(), slots.begin() + static_cast<long>(i));
+      if (!placed.empty()) unmap_and_release(pool, seg, placed, Unmap::reclaim);
+      discard({slots.begin() + static_cast<long>(i), slots.end()});
+      if (refused(status, DeviceOp::map)) return false;
+      throw DeviceError(to_string(DeviceOp::map),
+                        fmt::format("cistern: device {}: map_run({:#x}, {} handles): {}: {}",
+                                    a_.device_.index(), va, run.size(), to_string(status), what));
+    }
+    for (std::size_t k = i; k < j; ++k) {
+      handles_.place(slots[k], &seg, planned[k].first);
+      const std::uint64_t page = slots[k] | (planned[k].granules > 1 ? kCoarse : 0);
+      for (std::size_t p = planned[k].first; p < planned[k].first + planned[k].granules; ++p) {
+        seg.pages[p] = page;
+      }
+    }
+    seg.unmapped_pages -= end - start;
+    const std::size_t bytes = (end - start) * g_;
+    pool.count_mapped(!seg.large, static_cast<std::int64_t>(bytes));
+    a_.num_pages_mapped_ += static_cast<std::int64_t>(end - start);
+    a_.record(HistoryEntry::Action::segment_map, va, bytes, pool.stream);
     i = j;
   }
   return true;
 }
 
-}  // namespace
+// --- reclaim: handles under cached free blocks ---------------------------------------------------------
 
-std::size_t CachingAllocator::Impl::handle_size(bool large) const noexcept {
-  return round_up(large ? config_.large_handle_size : config_.small_handle_size, page_size_);
-}
-
-// --- allocation -------------------------------------------------------------------------------------------
-
-// Pool lock held. Hands out the best fit (mapping its pages), else a new expandable segment. Short
-// of pages even after reclaim, waits for every pending free (they may cover pages) and tries
-// once more; out of memory only when the live blocks leave no page to take. As PyTorch's, the
-// cache is empty when out of memory is reported: every unused handle has gone back.
-void* CachingAllocator::Impl::allocate_engine(StreamPool& pool, std::size_t size, std::size_t bytes,
-                                              bool small) {
-  // A request the device or the limit could never back skips the search for pages (reserving
-  // its address space, scanning every pool) and goes straight to the release and the error.
-  const std::size_t pages_bytes = round_up(size, page_size_);
-  const bool possible =
-      (device_total_ == 0 || pages_bytes <= device_total_) && pages_bytes <= allowed_;
-  // Parked blocks are coalesced first: reclaim must not merge a block it is mapping.
-  pool.flush_parked();
-  if (possible) {
-    if (void* p = take_mapped(pool, size, bytes, small)) return p;
-  }
-  // As PyTorch before it reports out of memory: wait for every pending free and return every
-  // whole cached segment (its pages go to the page pool), then try once more.
-  ++num_alloc_retries_;
-  release_cache(&pool);
-  if (possible) {
-    if (void* p = take_mapped(pool, size, bytes, small)) return p;
-  }
-  release_unused_handles();
-  throw_out_of_memory(pool, bytes, size, policy_.segment_size(size), small);
-}
-
-// Pool lock held. The best cached block (or a new segment's) with its pages mapped, or nullptr
-// when the pages cannot be had. When the best fit lacks pages, the smallest block that can
-// serve the request on pages already mapped is taken instead: the best fit would take pages -
-// new ones, or near the limit the very pages of that mapped block, unmapped and mapped again -
-// where the other needs none (address space is plentiful, pages are not).
-void* CachingAllocator::Impl::take_mapped(StreamPool& pool, std::size_t size, std::size_t bytes,
-                                          bool small) {
-  Block* b = pool.find(size, small);
-  if (b != nullptr && !b->segment->pages_mapped(b->addr, b->addr + used_part(*b, size, small))) {
-    if (Block* mapped = smallest_mapped_fit(pool, size, small)) b = mapped;
-  }
-  if (b == nullptr) b = new_expandable_segment(pool, policy_.segment_size(size), small);
-  if (b == nullptr || !map_for(pool, b, size, small)) return nullptr;
-  return pool.take(b, size, bytes);
-}
-
-// The part of the free block `b` a request of `size` occupies: all of it, or its first `size`
-// bytes when it is split (map_for's range).
-std::size_t CachingAllocator::Impl::used_part(const Block& b, std::size_t size,
-                                              bool small) const noexcept {
-  return policy_.should_split(b.size, size, small) ? size : b.size;
-}
-
-// Pool lock held. The smallest cached block that may serve `size` with every page under its
-// used part mapped, or nullptr. A scan of the pool's free blocks: only a request whose best fit
-// lacks pages - one that would otherwise call the device - pays for it.
-Block* CachingAllocator::Impl::smallest_mapped_fit(const StreamPool& pool, std::size_t size,
-                                                   bool small) const {
-  Block* best = nullptr;
-  pool.index(small).for_each([&](Block* c) {
-    if (c->size < size || (best != nullptr && c->size >= best->size)) return;
-    if (!policy_.may_serve(c->size, size)) return;
-    if (c->segment->pages_mapped(c->addr, c->addr + used_part(*c, size, small))) best = c;
-  });
-  return best;
-}
-
-// Pool lock held. A new expandable segment (address space only), or nullptr when the device has
-// no address space left.
-Block* CachingAllocator::Impl::new_expandable_segment(StreamPool& pool, std::size_t size,
-                                                      bool small) {
-  const std::size_t reserved = round_up(size, page_size_);
-  void* va = nullptr;
-  const Status status = device_.reserve(reserved, 0, &va);
-  if (status == Status::out_of_memory) return nullptr;
-  detail::check_device(device_, status, DeviceOp::reserve);
-  reserved_va_ += reserved;
-  return pool.add_new_segment(reinterpret_cast<std::uintptr_t>(va), reserved, !small, page_size_);
-}
-
-// Pool lock held; `b` free and indexed. Maps the pages the block will occupy when handed out for
-// `size`; pooled pages to spare (a new handle larger than the need) go into the split-off rest
-// in the same map_run, as a classic segment is mapped whole, so that later blocks cut from it
-// make no device call.
-bool CachingAllocator::Impl::map_for(StreamPool& pool, Block* b, std::size_t size, bool small) {
-  Segment& seg = *b->segment;
-  if (seg.unmapped_pages == 0) return true;
-  const std::size_t used = used_part(*b, size, small);
-  return map_range(pool, seg, b->addr, b->addr + used, b->addr + b->size);
-}
-
-// Maps every unmapped page of `seg` that [lo, hi) touches, and as many more of [hi, limit) -
-// free space of the same block - as the page pool has to spare once those are had: each run of
-// adjacent pages in one map_run (a cuMemMap per page, one cuMemSetAccess per run), every page a
-// mapping of its own so that reclaim can unmap it alone. False (nothing changed) when no page
-// can be had; a failing map unmaps what this call mapped and throws.
-bool CachingAllocator::Impl::map_range(StreamPool& pool, Segment& seg, std::uintptr_t lo,
-                                       std::uintptr_t hi, std::uintptr_t limit) {
-  const std::size_t first = (lo - seg.base) / seg.page_size;
-  std::size_t last = (hi - seg.base + seg.page_size - 1) / seg.page_size;
-  std::size_t missing = 0;
-  for (std::size_t i = first; i < last; ++i) missing += seg.pages[i] == Segment::kNoPage ? 1 : 0;
-  if (missing == 0) return true;
-  if (!obtain_pages(pool, seg, missing, lo, hi)) return false;
-  const std::size_t end = (limit - seg.base + seg.page_size - 1) / seg.page_size;
-  for (std::size_t spare = page_pool_.size() - missing; last < end && spare > 0; ++last) {
-    spare -= seg.pages[last] == Segment::kNoPage ? 1 : 0;
-  }
-  std::vector<PageRun> mapped;
-  std::vector<PhysicalHandle> pieces;
-  return for_each_run(seg, first, last, /*mapped=*/false, [&](std::size_t i, std::size_t j) {
-    if (!map_run_of(pool, seg, i, j, pieces)) {
-      unmap_mapped_now(pool, seg, mapped);
-      return false;
-    }
-    mapped.push_back({i, j});
-    return true;
-  });
-}
-
-// Maps pages [first, end) of `seg`, all unmapped, with pages from the pool (which holds enough)
-// in one map_run. False (the pages back in the pool) when the device is out of memory; throws
-// on any other failure.
-bool CachingAllocator::Impl::map_run_of(StreamPool& pool, Segment& seg, std::size_t first,
-                                        std::size_t end, std::vector<PhysicalHandle>& pieces) {
-  pieces.clear();
-  std::vector<std::uint64_t> ids;
-  ids.reserve(end - first);
-  for (std::size_t i = first; i < end; ++i) {
-    const std::uint64_t id = page_pool_.take();
-    ids.push_back(id);
-    pieces.push_back(page_pool_.handle(detail::page_slot(id)).handle);
-  }
-  const Status status = device_.map_run(address(seg, first), pieces.data(), pieces.size());
-  if (status != Status::ok) {
-    for (auto id = ids.rbegin(); id != ids.rend(); ++id) page_pool_.put(*id);
-    if (status == Status::out_of_memory) return false;
-    detail::throw_device_error(device_, status, DeviceOp::map);
-  }
-  for (std::size_t i = first; i < end; ++i) seg.pages[i] = ids[i - first];
-  const std::size_t bytes = (end - first) * seg.page_size;
-  seg.unmapped_pages -= end - first;
-  pool.count_mapped(!seg.large, static_cast<std::int64_t>(bytes));
-  num_pages_mapped_ += static_cast<std::int64_t>(end - first);
-  record(HistoryEntry::Action::segment_map, reinterpret_cast<std::uintptr_t>(address(seg, first)),
-         bytes, pool.stream);
-  return true;
-}
-
-// Undoes the maps of a failed map_range (those pages were never handed out, nothing ran on them),
-// one unmap per run it mapped.
-void CachingAllocator::Impl::unmap_mapped_now(StreamPool& pool, Segment& seg,
-                                              const std::vector<PageRun>& runs) {
-  for (const PageRun& r : runs) unmap_pages(pool, seg, r.first, r.end, Unmap::reclaim);
-}
-
-// Makes the page pool hold `n` pages: new handles first, then pages reclaimed from cached free
-// blocks (never from [lo, hi) of `seg`, which is being mapped).
-bool CachingAllocator::Impl::obtain_pages(const StreamPool& pool, const Segment& seg, std::size_t n,
-                                          std::uintptr_t lo, std::uintptr_t hi) {
-  std::size_t ceiling = SIZE_MAX;  // handle sizes the device has refused are not asked again
-  while (page_pool_.size() < n) {
-    const std::size_t deficit = n - page_pool_.size();
-    if (create_handle(seg, deficit, ceiling)) continue;
-    if (reclaim_pages(&pool, deficit, &seg, lo, hi, Unmap::reclaim) == 0) return false;
-  }
-  return true;
-}
-
-// Creates one handle for `seg`'s kind: as large as the deficit and at least the configured
-// handle size - one creation per growth, as a classic allocator makes one cudaMalloc per segment
-// (creation is the expensive call) - capped by `max_handle_size` (auto: no cap, or the
-// configured size with a release threshold, so that memory can go back in those steps: a handle
-// returns whole). The size never takes the handles held above the address space of the
-// segments, so the engine never holds more than classic segments placed the same way would.
-// Refused, it tries the deficit, then one page; `ceiling` (lowered to what the device reports
-// free) keeps the sizes refused out of later tries. False when the device or the limit has room
-// for none.
-bool CachingAllocator::Impl::create_handle(const Segment& seg, std::size_t deficit,
-                                           std::size_t& ceiling) {
-  // Address space not backed: every unmapped page of every segment, less the pooled pages; at
-  // least the deficit, as the pages to map are unmapped and the pool holds fewer than them.
-  const std::size_t held = reserved_bytes();
-  const std::size_t unbacked = reserved_va_ > held ? reserved_va_ - held : 0;
-  const std::size_t needed = deficit * page_size_;
-  const std::size_t unit = handle_size(seg.large);
-  std::size_t cap = config_.release_threshold == SIZE_MAX ? SIZE_MAX : unit;
-  if (config_.max_handle_size != 0)
-    cap = std::max(unit, round_up(config_.max_handle_size, page_size_));
-  const std::size_t preferred =
-      std::max(page_size_, std::min({std::max(needed, unit), cap, unbacked}));
-  // Ask the device what it has free first (cudaMemGetInfo): a creation the device refuses costs
-  // as much as one it grants, and near the limit most would be refused.
-  MemoryInfo info;
-  if (device_.memory_info(&info) == Status::ok) {
-    ceiling = std::min(ceiling, info.free / page_size_ * page_size_);
-  }
-  // The driver maps a handle only whole: until the engine places whole handles, every handle is
-  // one page, so that any page can be mapped and unmapped alone.
-  (void)preferred;
-  const std::size_t sizes[] = {page_size_};
-  std::size_t tried = 0;
-  for (const std::size_t bytes : sizes) {
-    if (bytes == tried || bytes > ceiling || exceeds_limit(bytes)) continue;
-    tried = bytes;
-    PhysicalHandle handle;
-    const Status status = device_.create_physical(bytes, &handle);
-    if (status == Status::out_of_memory) {
-      ceiling = bytes - page_size_;
-      continue;
-    }
-    detail::check_device(device_, status, DeviceOp::create_physical);
-    page_pool_.add_handle(handle, bytes / page_size_);
-    reserved_.fetch_add(bytes, std::memory_order_relaxed);
-    ++num_handles_created_;
-    ++num_device_alloc_;
-    return true;
-  }
-  return false;
-}
-
-// --- reclaim ----------------------------------------------------------------------------------------------
-
-namespace {
-
-/// A run of mapped pages [first, end) of `seg` lying entirely inside one cached free block of
-/// the pool `pool` (an index into the pool table).
-struct FreeRun {
-  std::size_t pool;
-  Segment* seg;
-  std::size_t first;
-  std::size_t end;
-};
-
-/// Up to `want` mapped pages lying entirely inside cached free blocks, skipping [lo, hi) of
-/// `keep`, as runs grouped by pool. All pool locks held. The longest runs of adjacent free pages
-/// are taken first: a run goes in one unmap call, and the pages of a large cached block serve
-/// only the rare large request, where the few pages under a small block serve the frequent small
-/// ones (taken, each would have to be mapped again on its block's next use).
-std::vector<FreeRun> free_runs(const std::vector<std::unique_ptr<StreamPool>>& pools,
-                               std::size_t want, const Segment* keep, std::uintptr_t lo,
-                               std::uintptr_t hi) {
-  std::vector<FreeRun> runs;
+// Every handle lying entirely inside a cached free block, of any pool, except those over `keep`.
+// All pool locks held.
+std::vector<Victim> CachingAllocator::Impl::MappedHandles::free_handles(Keep keep) const {
+  std::vector<Victim> found;
+  const auto& pools = a_.pools_.all();
   for (std::size_t p = 0; p < pools.size(); ++p) {
-    for (Segment* seg = pools[p]->segments(); seg != nullptr; seg = seg->next) {
+    for (const Segment* seg = pools[p]->segments(); seg != nullptr; seg = seg->next) {
       if (!seg->expandable || seg->unmapped_pages == seg->pages.size()) continue;
-      const std::size_t g = seg->page_size;
-      // The pages of `keep` that [lo, hi) touches are out of bounds (none elsewhere).
-      const std::size_t kept_first = seg == keep ? (lo - seg->base) / g : 0;
-      const std::size_t kept_end = seg == keep ? (hi - seg->base + g - 1) / g : 0;
-      const auto add = [&](std::size_t i, std::size_t j) {
-        runs.push_back({p, seg, i, j});
-        return true;
-      };
       for (const Block* b = seg->head; b != nullptr; b = b->next) {
         if (!b->is_free()) continue;
-        const std::size_t first = (b->addr - seg->base + g - 1) / g;
-        const std::size_t end = (b->addr + b->size - seg->base) / g;
-        for_each_run(*seg, first, std::min(end, kept_first), /*mapped=*/true, add);
-        for_each_run(*seg, std::max(first, kept_end), end, /*mapped=*/true, add);
+        const std::size_t first = (b->addr - seg->base + g_ - 1) / g_;
+        const std::size_t end = (b->addr + b->size - seg->base) / g_;
+        for (std::size_t i = first; i < end;) {
+          if (seg->pages[i] == kNoPage) {
+            ++i;
+            continue;
+          }
+          const std::uint32_t slot = slot_of(seg->pages[i]);
+          const HandleSlot& h = handles_[slot];
+          const bool kept =
+              seg == keep.seg && h.first < keep.end && keep.first < h.first + h.granules;
+          if (h.first >= first && h.first + h.granules <= end && !kept) found.push_back({p, slot});
+          i = h.first + h.granules;
+        }
       }
     }
   }
-  // Longest first; ties in address order, so that the choice does not depend on the sort.
-  std::stable_sort(runs.begin(), runs.end(), [](const FreeRun& a, const FreeRun& b) {
-    return a.end - a.first > b.end - b.first;
-  });
-  std::size_t pages = 0;
-  std::size_t taken = 0;
-  for (; taken < runs.size() && pages < want; ++taken) {
-    FreeRun& r = runs[taken];
-    r.end = r.first + std::min(r.end - r.first, want - pages);  // want may be SIZE_MAX
-    pages += r.end - r.first;
-  }
-  runs.resize(taken);
-  // Grouped by pool (one wait per pool), each segment's runs in address order.
-  std::sort(runs.begin(), runs.end(), [](const FreeRun& a, const FreeRun& b) {
-    return a.pool != b.pool ? a.pool < b.pool
-           : a.seg != b.seg ? a.seg->base < b.seg->base
-                            : a.first < b.first;
-  });
-  return runs;
+  return found;
 }
 
-std::size_t pages_of(const std::vector<FreeRun>& runs) {
-  std::size_t pages = 0;
-  for (const FreeRun& r : runs) pages += r.end - r.first;
-  return pages;
-}
-
-}  // namespace
-
-// Unmaps up to `want` pages lying entirely inside cached free blocks of any pool into the page
-// pool, skipping [lo, hi) of `keep`. `held`: the pool whose lock the caller holds (nullptr:
-// none). Each pool whose pages are taken has its stream's work waited for first (once).
-std::size_t CachingAllocator::Impl::reclaim_pages(const StreamPool* held, std::size_t want,
-                                                  const Segment* keep, std::uintptr_t lo,
-                                                  std::uintptr_t hi, Unmap why) {
-  AllPoolsLock locks(pools_, held);
-  for (const auto& pool : pools_.all()) {
+// Unmaps and releases handles under cached free blocks until `want` bytes have gone back (all
+// of them for SIZE_MAX), never those over `keep`; returns the bytes released. `held`: the pool
+// whose lock the caller holds (nullptr: none).
+std::size_t CachingAllocator::Impl::MappedHandles::reclaim(const StreamPool* held, std::size_t want,
+                                                           Keep keep) {
+  AllPoolsLock locks(a_.pools_, held);
+  for (const auto& pool : a_.pools_.all()) {
     if (pool.get() != held) pool->flush_parked();  // the held pool's were flushed by its caller
   }
-  const std::vector<FreeRun> victims = free_runs(pools_.all(), want, keep, lo, hi);
-  const StreamPool* waited = nullptr;
-  for (const FreeRun& r : victims) {
-    StreamPool& pool = *pools_.all()[r.pool];
-    if (&pool != waited) {  // victims are grouped by pool
-      wait_for_stream(pool.stream);
-      waited = &pool;
+  return reclaim_locked(want, keep, nullptr);
+}
+
+// reclaim with every pool lock held. Which handles go: the smallest one that covers `want` alone,
+// else the largest first until they do - the fewest calls, and the large cached blocks (which
+// serve only the rarer large requests) before the small ones. Each pool whose handles go has its
+// stream's work waited for first (once); adjacent handles of one segment go in one unmap.
+// `failures`: where to count releases the device refused (their handles stay, unplaced, and count
+// as reserved until a later release succeeds); nullptr: not counted.
+std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t want, Keep keep,
+                                                                  std::size_t* failures) {
+  std::vector<Victim> victims = free_handles(keep);
+  const auto bytes_of = [&](const Victim& v) { return handles_[v.slot].granules * g_; };
+  if (want != SIZE_MAX) {
+    std::stable_sort(victims.begin(), victims.end(), [&](const Victim& x, const Victim& y) {
+      return bytes_of(x) > bytes_of(y);
+    });
+    const auto alone = std::find_if(victims.rbegin(), victims.rend(),
+                                    [&](const Victim& v) { return bytes_of(v) >= want; });
+    if (alone != victims.rend()) {
+      victims = {*alone};
+    } else {
+      std::size_t total = 0;
+      std::size_t n = 0;
+      while (n < victims.size() && total < want) total += bytes_of(victims[n++]);
+      victims.resize(n);
     }
-    // One unmap per run: a cuMemUnmap may cover several whole mappings side by side.
-    unmap_pages(pool, *r.seg, r.first, r.end, why);
   }
-  const std::size_t pages = pages_of(victims);
-  num_pages_reclaimed_ += static_cast<std::int64_t>(pages);
-  return pages;
+  // Grouped by pool (one wait each), then by segment and address (adjacent handles, one unmap).
+  std::sort(victims.begin(), victims.end(), [&](const Victim& x, const Victim& y) {
+    const HandleSlot& hx = handles_[x.slot];
+    const HandleSlot& hy = handles_[y.slot];
+    if (x.pool != y.pool) return x.pool < y.pool;
+    if (hx.segment != hy.segment) return hx.segment->base < hy.segment->base;
+    return hx.first < hy.first;
+  });
+  std::size_t released = 0;
+  std::size_t refused = 0;
+  for (std::size_t i = 0; i < victims.size();) {
+    StreamPool& pool = *a_.pools_.all()[victims[i].pool];
+    a_.wait_for_stream(pool.stream);
+    std::size_t j = i;
+    while (j < victims.size() && victims[j].pool == victims[i].pool) {
+      Segment& seg = *handles_[victims[j].slot].segment;
+      std::vector<std::uint32_t> group;
+      while (j < victims.size() && victims[j].pool == victims[i].pool &&
+             handles_[victims[j].slot].segment == &seg) {
+        group.push_back(victims[j++].slot);
+      }
+      const std::size_t gone = unmap_and_release(pool, seg, group, Unmap::reclaim);
+      released += gone;
+      for (const std::uint32_t slot : group) refused += handles_[slot].live ? 1 : 0;
+    }
+    i = j;
+  }
+  if (failures != nullptr) *failures += refused;
+  a_.num_pages_reclaimed_ += static_cast<std::int64_t>(released / g_);
+  if (released != 0) update_tight();
+  return released;
 }
 
-// Blocks until the work submitted to `stream` so far has completed, through an event that is
-// queried first (most reclaims find the stream idle and wait for nothing).
-void CachingAllocator::Impl::wait_for_stream(Stream stream) {
-  Event event;
-  try {
-    event = events_.acquire();
-  } catch (const DeviceError&) {
-    ++num_reclaim_syncs_;
-    detail::check_device(device_, device_.synchronize_stream(stream), DeviceOp::synchronize_stream);
-    return;
+// Lock of `pool` held; `slots` are handles mapped in `seg`, in address order, whose users' work
+// has completed. Unmaps each run of adjacent ones in one call (a cuMemUnmap may cover several
+// whole mappings) - recorded as one segment_unmap, as PyTorch records the unmap of several pages
+// of an expandable segment - and releases them. Returns the bytes released; a release the device
+// refuses leaves its handle unplaced (still reserved) for a later try. An unmap that fails throws
+// DeviceError with that run still mapped.
+std::size_t CachingAllocator::Impl::MappedHandles::unmap_and_release(
+    StreamPool& pool, Segment& seg, const std::vector<std::uint32_t>& slots, Unmap why) {
+  std::size_t released = 0;
+  for (std::size_t i = 0; i < slots.size();) {
+    std::size_t j = i + 1;
+    while (j < slots.size() && handles_[slots[j]].first ==
+                                   handles_[slots[j - 1]].first + handles_[slots[j - 1]].granules) {
+      ++j;
+    }
+    const std::size_t start = handles_[slots[i]].first;
+    const std::size_t end = handles_[slots[j - 1]].first + handles_[slots[j - 1]].granules;
+    const std::uintptr_t va = seg.base + start * g_;
+    const std::size_t bytes = (end - start) * g_;
+    detail::check_device(a_.device_, a_.device_.unmap(reinterpret_cast<void*>(va), bytes),
+                         DeviceOp::unmap);
+    for (std::size_t p = start; p < end; ++p) seg.pages[p] = kNoPage;
+    seg.unmapped_pages += end - start;
+    pool.count_mapped(!seg.large, -static_cast<std::int64_t>(bytes));
+    a_.num_pages_unmapped_ += static_cast<std::int64_t>(end - start);
+    a_.record(HistoryEntry::Action::segment_unmap, va, bytes, pool.stream, why == Unmap::reclaim);
+    for (std::size_t k = i; k < j; ++k) {
+      handles_.unplace(slots[k]);
+      released += release_slot(slots[k]);
+    }
+    i = j;
   }
-  Status status = device_.record_event(event, stream);
-  if (status == Status::ok) status = device_.query_event(event);
-  if (status == Status::not_ready) {
-    ++num_reclaim_syncs_;
-    status = device_.synchronize_event(event);
-  }
-  events_.release(event);
+  return released;
+}
+
+// Releases an unmapped handle; returns its bytes, or 0 when the device refused (the handle stays,
+// unplaced, and the reason is kept in last_release_error_).
+std::size_t CachingAllocator::Impl::MappedHandles::release_slot(std::uint32_t slot) {
+  const HandleSlot& h = handles_[slot];
+  const std::size_t bytes = h.granules * g_;
+  const Status status = a_.device_.release_physical(h.handle);
   if (status != Status::ok) {
-    // Unmapping without knowing the work is done would be unsafe: fall back to the stream.
-    ++num_reclaim_syncs_;
-    detail::check_device(device_, device_.synchronize_stream(stream), DeviceOp::synchronize_stream);
+    a_.last_release_error_ = fmt::format("{}: {}", to_string(status), a_.device_.last_error());
+    return 0;
   }
+  handles_.remove(slot);
+  a_.reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+  ++a_.num_handles_released_;
+  ++a_.num_device_free_;
+  return bytes;
 }
 
-// Lock of `pool` held; pages [first, end) of `seg` are mapped and their users have completed.
-// Unmaps them into the page pool in one call - each page stays a mapping of its own, and one
-// unmap covers the run of them (on a failure nothing is unmapped) - recorded as one
-// segment_unmap, as PyTorch records the unmap of several handles of an expandable segment.
-void CachingAllocator::Impl::unmap_pages(StreamPool& pool, Segment& seg, std::size_t first,
-                                         std::size_t end, Unmap why) {
-  const std::size_t bytes = (end - first) * seg.page_size;
-  detail::check_device(device_, device_.unmap(address(seg, first), bytes), DeviceOp::unmap);
-  for (std::size_t i = first; i < end; ++i) {
-    CISTERN_ASSERT_INTERNAL(seg.pages[i] != Segment::kNoPage);
-    page_pool_.put(seg.pages[i]);
-    seg.pages[i] = Segment::kNoPage;
+// Retries the release of every handle whose release failed before; returns how many still fail.
+std::size_t CachingAllocator::Impl::MappedHandles::release_unplaced() {
+  std::size_t failures = 0;
+  for (std::uint32_t slot = 0; slot < handles_.slots().size(); ++slot) {
+    const HandleSlot& h = handles_[slot];
+    if (h.live && h.segment == nullptr && release_slot(slot) == 0) ++failures;
   }
-  seg.unmapped_pages += end - first;
-  pool.count_mapped(!seg.large, -static_cast<std::int64_t>(bytes));
-  num_pages_unmapped_ += static_cast<std::int64_t>(end - first);
-  record(HistoryEntry::Action::segment_unmap, reinterpret_cast<std::uintptr_t>(address(seg, first)),
-         bytes, pool.stream, why == Unmap::reclaim);
+  return failures;
 }
 
 // --- giving memory back -----------------------------------------------------------------------------------
 
-// Lock of `pool` held; `b` a whole free expandable segment. Unmaps its pages (after its stream's
-// work) and releases the address range; false (kept, reason in last_release_error_) on failure.
-bool CachingAllocator::Impl::release_expandable(StreamPool& pool, Block* b) {
+// Lock of `pool` held; `b` a whole free expandable segment. Unmaps and releases its handles (after
+// its stream's work) and releases the address range; false (kept, reason in last_release_error_)
+// on failure.
+bool CachingAllocator::Impl::MappedHandles::release_segment(StreamPool& pool, Block* b) {
   Segment& seg = *b->segment;
   try {
-    if (seg.unmapped_pages != seg.pages.size()) wait_for_stream(pool.stream);
-    for_each_run(seg, 0, seg.pages.size(), /*mapped=*/true, [&](std::size_t i, std::size_t j) {
-      unmap_pages(pool, seg, i, j, Unmap::release);
-      return true;
-    });
+    if (seg.unmapped_pages != seg.pages.size()) {
+      a_.wait_for_stream(pool.stream);
+      std::vector<std::uint32_t> slots;
+      for (std::size_t i = 0; i < seg.pages.size();) {
+        if (seg.pages[i] == kNoPage) {
+          ++i;
+          continue;
+        }
+        slots.push_back(slot_of(seg.pages[i]));
+        i = handles_[slots.back()].first + handles_[slots.back()].granules;
+      }
+      unmap_and_release(pool, seg, slots, Unmap::release);
+    }
   } catch (const DeviceError& e) {
-    last_release_error_ = e.what();
+    a_.last_release_error_ = e.what();
     return false;
   }
-  const Status status = device_.release_reservation(reinterpret_cast<void*>(seg.base), seg.size);
+  const Status status = a_.device_.release_reservation(reinterpret_cast<void*>(seg.base), seg.size);
   if (status != Status::ok) {
-    last_release_error_ = fmt::format("{}: {}", to_string(status), device_.last_error());
+    a_.last_release_error_ = fmt::format("{}: {}", to_string(status), a_.device_.last_error());
     return false;
   }
   reserved_va_ -= seg.size;
@@ -442,47 +709,115 @@ bool CachingAllocator::Impl::release_expandable(StreamPool& pool, Block* b) {
   return true;
 }
 
-// Releases every handle whose pages are all unmapped; returns how many releases failed.
-std::size_t CachingAllocator::Impl::release_unused_handles() {
+// All pool locks held (release_cache): every handle under a cached free block of the segments
+// that stay, then every handle left unplaced by an earlier failed release.
+std::size_t CachingAllocator::Impl::MappedHandles::release_rest() {
   std::size_t failures = 0;
-  for (const std::uint32_t slot : page_pool_.unused_handles()) {
-    const detail::HandleSlot& h = page_pool_.handle(slot);
-    const std::size_t bytes = h.pages * page_size_;
-    const Status status = device_.release_physical(h.handle);
-    if (status != Status::ok) {
-      last_release_error_ = fmt::format("{}: {}", to_string(status), device_.last_error());
-      ++failures;
-      continue;
-    }
-    page_pool_.forget(slot);
-    reserved_.fetch_sub(bytes, std::memory_order_relaxed);
-    ++num_handles_released_;
-    ++num_device_free_;
+  try {
+    reclaim_locked(SIZE_MAX, Keep{}, &failures);
+  } catch (const DeviceError& e) {
+    a_.last_release_error_ = e.what();
+    ++failures;
   }
-  return failures;
+  return failures + release_unplaced();
 }
 
-// No lock held. With a release threshold: when the unused physical memory may exceed it, unmap
-// pages of cached free blocks and return the handles left entirely unused.
-void CachingAllocator::Impl::trim_to_threshold() {
-  std::lock_guard<std::mutex> global(mutex_);
+// No lock held. With a release threshold: when the memory held under cached free blocks may
+// exceed it, give handles back until it does not.
+void CachingAllocator::Impl::MappedHandles::trim() {
+  std::lock_guard<std::mutex> global(a_.mutex_);
   std::size_t allocated = 0;
-  for (const auto& pool : pools_.all()) {
+  for (const auto& pool : a_.pools_.all()) {
     allocated += static_cast<std::size_t>(pool->allocated_bytes_relaxed());
   }
   // Unused memory is at most reserved - allocated: under the threshold, nothing to look at.
-  if (reserved_bytes() <= allocated + config_.release_threshold) return;
-  release_unused_handles();
-  // Exactly: pooled pages, and mapped pages entirely inside cached free blocks.
-  std::size_t unused = page_pool_.size() * page_size_;
-  {
-    AllPoolsLock locks(pools_, nullptr);
-    unused += pages_of(free_runs(pools_.all(), SIZE_MAX, nullptr, 0, 0)) * page_size_;
+  const std::size_t threshold = a_.config_.release_threshold;
+  if (a_.reserved_bytes() <= allocated + threshold) return;
+  release_unplaced();
+  AllPoolsLock locks(a_.pools_, nullptr);
+  for (const auto& pool : a_.pools_.all()) pool->flush_parked();
+  std::size_t unused = 0;
+  for (const Victim& v : free_handles(Keep{})) unused += handles_[v.slot].granules * g_;
+  if (unused <= threshold) return;
+  reclaim_locked(unused - threshold, Keep{}, nullptr);
+}
+
+// --- the invariants ---------------------------------------------------------------------------------------
+
+// Every granule of an allocated, pending or parked block is mapped; every mapped granule names a
+// live handle placed in its segment over it, and a handle's granules all name it; handles are
+// multiples of the granularity; the reserved counter is the handles held, the address-space
+// counter the segments.
+void CachingAllocator::Impl::MappedHandles::check(const std::vector<const Segment*>& segments) const {
+  const auto fail = [](const std::string& what) {
+    throw InvariantViolation("cistern::check: virtual-memory engine: " + what);
+  };
+  std::size_t va = 0;
+  std::size_t placed = 0;
+  for (const Segment* s : segments) {
+    va += s->size;
+    if (s->page_size != g_ || s->pages.size() * g_ != s->size) {
+      fail(fmt::format("segment {:#x}: {} granules of {} bytes for {} bytes", s->base,
+                       s->pages.size(), s->page_size, s->size));
+    }
+    const auto unmapped =
+        static_cast<std::size_t>(std::count(s->pages.begin(), s->pages.end(), kNoPage));
+    if (unmapped != s->unmapped_pages) {
+      fail(fmt::format("segment {:#x}: {} granules unmapped but counted {}", s->base, unmapped,
+                       s->unmapped_pages));
+    }
+    for (std::size_t i = 0; i < s->pages.size();) {
+      if (s->pages[i] == kNoPage) {
+        ++i;
+        continue;
+      }
+      const std::uint64_t page = s->pages[i];
+      const std::uint32_t slot = slot_of(page);
+      if (slot >= handles_.slots().size() || !handles_[slot].live) {
+        fail(fmt::format("segment {:#x} granule {} names no live handle ({})", s->base, i, slot));
+      }
+      const HandleSlot& h = handles_[slot];
+      if (h.segment != s || h.first != i || h.first + h.granules > s->pages.size() ||
+          h.handle.bytes != h.granules * g_ || ((page & kCoarse) != 0) != (h.granules > 1) ||
+          (page & ~kCoarse) != slot) {
+        fail(fmt::format("handle {} is not placed whole at granule {} of segment {:#x}", slot, i,
+                         s->base));
+      }
+      for (std::size_t k = i; k < i + h.granules; ++k) {
+        if (s->pages[k] != page) {
+          fail(fmt::format("segment {:#x} granule {} lies under handle {} but names {}", s->base,
+                           k, slot, s->pages[k]));
+        }
+      }
+      ++placed;
+      i += h.granules;
+    }
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      if (b->is_free()) continue;
+      if (!s->pages_mapped(b->addr, b->addr + b->size)) {
+        fail(fmt::format("the {} block {:#x} lies on an unmapped granule",
+                         b->state == detail::BlockState::allocated ? "allocated"
+                                                                   : "pending or parked",
+                         b->addr));
+      }
+    }
   }
-  if (unused <= config_.release_threshold) return;
-  const std::size_t excess = unused - config_.release_threshold;
-  reclaim_pages(nullptr, (excess + page_size_ - 1) / page_size_, nullptr, 0, 0, Unmap::reclaim);
-  release_unused_handles();
+  if (va != reserved_va_) {
+    fail(fmt::format("the segments span {} bytes but the counter says {}", va, reserved_va_));
+  }
+  std::size_t held = 0;
+  std::size_t placed_live = 0;
+  for (const HandleSlot& h : handles_.slots()) {
+    if (!h.live) continue;
+    held += h.granules * g_;
+    placed_live += h.segment != nullptr ? 1 : 0;
+  }
+  if (placed_live != placed) {
+    fail(fmt::format("{} handles are placed but the segments show {}", placed_live, placed));
+  }
+  if (held != a_.reserved_bytes()) {
+    fail(fmt::format("reserved counter {} but the handles hold {}", a_.reserved_bytes(), held));
+  }
 }
 
 }  // namespace cistern
