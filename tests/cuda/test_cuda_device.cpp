@@ -637,6 +637,65 @@ TEST_F(FakeCudaTest, VmmMapGrantsReadWriteAccessToItsDevice) {
   EXPECT_EQ(fake().used, 0u);
 }
 
+TEST_F(FakeCudaTest, VmmMapRunIsOneMapPerHandleAndOneSetAccessOverTheRun) {
+  const auto device = open_vmm();
+  void* va = nullptr;
+  PhysicalHandle handles[3];
+  ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &handles[0]), Status::ok);
+  ASSERT_EQ(device->create_physical(4 * MiB, &handles[1]), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &handles[2]), Status::ok);
+  const auto base = reinterpret_cast<std::uintptr_t>(va);
+  fake().calls.clear();
+  ASSERT_EQ(device->map_run(va, handles, 3), Status::ok) << device->last_error();
+  EXPECT_EQ(fake().count("cuMemMap"), 3u);
+  EXPECT_TRUE(
+      fake().called_with("cuMemMap", fmt::format("dev=0 {:#x} {} offset=0", base, 2 * MiB)));
+  EXPECT_TRUE(fake().called_with("cuMemMap",
+                                 fmt::format("dev=0 {:#x} {} offset=0", base + 2 * MiB, 4 * MiB)));
+  EXPECT_TRUE(fake().called_with("cuMemMap",
+                                 fmt::format("dev=0 {:#x} {} offset=0", base + 6 * MiB, 2 * MiB)));
+  EXPECT_EQ(fake().count("cuMemSetAccess"), 1u);
+  EXPECT_TRUE(fake().called_with("cuMemSetAccess", fmt::format("dev=0 {:#x} {}", base, 8 * MiB)));
+  EXPECT_EQ(device->live_mappings(), 3u);
+  for (const auto& [start, mapping] : fake().mappings) EXPECT_TRUE(mapping.accessible) << start;
+  // Each handle is a mapping of its own; the run unmaps in one call.
+  EXPECT_EQ(device->unmap(va, 4 * MiB), Status::invalid_argument) << "part of the second";
+  fake().calls.clear();
+  EXPECT_EQ(device->unmap(va, 8 * MiB), Status::ok) << device->last_error();
+  EXPECT_EQ(fake().count("cuMemUnmap"), 1u);
+  for (const PhysicalHandle handle : handles)
+    EXPECT_EQ(device->release_physical(handle), Status::ok);
+  EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
+  EXPECT_EQ(fake().used, 0u);
+}
+
+TEST_F(FakeCudaTest, VmmMapRunThatTheDriverRefusesPartWayLeavesNothingMapped) {
+  const auto device = open_vmm();
+  void* va = nullptr;
+  PhysicalHandle handles[3];
+  ASSERT_EQ(device->reserve(6 * MiB, 0, &va), Status::ok);
+  for (PhysicalHandle& handle : handles) {
+    ASSERT_EQ(device->create_physical(2 * MiB, &handle), Status::ok);
+  }
+  // The driver's answer to a map it cannot make (as to a part of a handle) at the third handle.
+  fake().fail_next("cuMemMap", CUDA_SUCCESS, 2);
+  fake().fail_next("cuMemMap", CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(device->map_run(va, handles, 3), Status::not_supported);
+  EXPECT_NE(device->last_error().find("cuMemMap failed: CUDA_ERROR_NOT_SUPPORTED"),
+            std::string::npos)
+      << device->last_error();
+  EXPECT_TRUE(fake().mappings.empty()) << "the first two were not unmapped";
+  EXPECT_EQ(device->live_mappings(), 0u);
+  EXPECT_EQ(fake().count("cuMemSetAccess"), 0u);
+  // The same run maps afterwards.
+  ASSERT_EQ(device->map_run(va, handles, 3), Status::ok) << device->last_error();
+  EXPECT_EQ(device->unmap(va, 6 * MiB), Status::ok);
+  for (const PhysicalHandle handle : handles)
+    EXPECT_EQ(device->release_physical(handle), Status::ok);
+  EXPECT_EQ(device->release_reservation(va, 6 * MiB), Status::ok);
+}
+
 TEST_F(FakeCudaTest, VmmAFailedSetAccessLeavesNothingMapped) {
   const auto device = open_vmm();
   void* va = nullptr;
