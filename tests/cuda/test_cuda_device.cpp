@@ -499,9 +499,9 @@ TEST_F(FakeCudaTest, VmmDriverCallsGetAContextOnAFreshThread) {
 // The backends' tests rely on the fake refusing exactly what the driver refuses, with the same
 // CUresult (../shared/reference/vmm-and-planning.md, section 4). These call the fake directly.
 
-/// The fake's driver functions, called on a thread with a current context.
+/// The fake's driver functions (the calling thread needs a current context: `enter()`).
 struct FakeDriver {
-  FakeDriver() { fake_cuda::has_context() = true; }
+  static void enter() { fake_cuda::has_context() = true; }
   static CUdeviceptr reserve(std::size_t bytes) {
     CUdeviceptr va = 0;
     EXPECT_EQ(fake_cuda::impl::cu_mem_address_reserve(&va, bytes, 0, 0, 0), CUDA_SUCCESS);
@@ -529,86 +529,86 @@ struct FakeDriver {
 };
 
 TEST_F(FakeCudaTest, DriverRuleFakeCuMemMapTakesAWholeHandleAtOffsetZeroOnly) {
-  FakeDriver driver;
-  const CUdeviceptr va = driver.reserve(16 * MiB);
-  const CUmemGenericAllocationHandle handle = driver.create(16 * MiB);
-  EXPECT_EQ(driver.map(va, 2 * MiB, 2 * MiB, handle), CUDA_ERROR_NOT_SUPPORTED)
+  FakeDriver::enter();
+  const CUdeviceptr va = FakeDriver::reserve(16 * MiB);
+  const CUmemGenericAllocationHandle handle = FakeDriver::create(16 * MiB);
+  EXPECT_EQ(FakeDriver::map(va, 2 * MiB, 2 * MiB, handle), CUDA_ERROR_NOT_SUPPORTED)
       << "one granule at a non-zero offset into a 16 MiB handle";
-  EXPECT_EQ(driver.map(va, 8 * MiB, 0, handle), CUDA_ERROR_NOT_SUPPORTED)
+  EXPECT_EQ(FakeDriver::map(va, 8 * MiB, 0, handle), CUDA_ERROR_NOT_SUPPORTED)
       << "8 of 16 MiB at offset 0";
-  EXPECT_EQ(driver.map(va, 8 * MiB, 8 * MiB, handle), CUDA_ERROR_NOT_SUPPORTED)
+  EXPECT_EQ(FakeDriver::map(va, 8 * MiB, 8 * MiB, handle), CUDA_ERROR_NOT_SUPPORTED)
       << "the second half";
   EXPECT_TRUE(fake().mappings.empty()) << "a refused map mapped";
-  EXPECT_EQ(driver.map(va, 32 * MiB, 0, handle), CUDA_ERROR_INVALID_VALUE) << "past its end";
-  EXPECT_EQ(driver.map(va, 16 * MiB, 0, handle), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::map(va, 32 * MiB, 0, handle), CUDA_ERROR_INVALID_VALUE) << "past its end";
+  EXPECT_EQ(FakeDriver::map(va, 16 * MiB, 0, handle), CUDA_SUCCESS);
   EXPECT_EQ(fake().physical.at(handle).mappings, 1u);
-  EXPECT_EQ(driver.unmap(va, 16 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(va, 16 * MiB), CUDA_SUCCESS);
 }
 
 TEST_F(FakeCudaTest, DriverRuleFakeCuMemUnmapOfPartOfAMappingIsInvalidAndChangesNothing) {
-  FakeDriver driver;
-  const CUdeviceptr va = driver.reserve(16 * MiB);
-  const CUmemGenericAllocationHandle handle = driver.create(16 * MiB);
-  ASSERT_EQ(driver.map(va, 16 * MiB, 0, handle), CUDA_SUCCESS);
-  EXPECT_EQ(driver.unmap(va, 8 * MiB), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(driver.unmap(va + 2 * MiB, 2 * MiB), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(driver.unmap(va + 8 * MiB, 8 * MiB), CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(driver.unmap(va, 0), CUDA_ERROR_INVALID_VALUE);
+  FakeDriver::enter();
+  const CUdeviceptr va = FakeDriver::reserve(16 * MiB);
+  const CUmemGenericAllocationHandle handle = FakeDriver::create(16 * MiB);
+  ASSERT_EQ(FakeDriver::map(va, 16 * MiB, 0, handle), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(va, 8 * MiB), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(FakeDriver::unmap(va + 2 * MiB, 2 * MiB), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(FakeDriver::unmap(va + 8 * MiB, 8 * MiB), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(FakeDriver::unmap(va, 0), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(fake().mappings.size(), 1u);
-  EXPECT_EQ(driver.unmap(va, 16 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(va, 16 * MiB), CUDA_SUCCESS);
   EXPECT_TRUE(fake().mappings.empty());
 }
 
 TEST_F(FakeCudaTest, DriverRuleFakeCuMemMapTakesOneHandleAtASecondAddress) {
-  FakeDriver driver;
-  const CUdeviceptr first = driver.reserve(4 * MiB);
-  const CUdeviceptr second = driver.reserve(4 * MiB);
-  const CUmemGenericAllocationHandle handle = driver.create(4 * MiB);
-  ASSERT_EQ(driver.map(first, 4 * MiB, 0, handle), CUDA_SUCCESS);
-  EXPECT_EQ(driver.map(second, 4 * MiB, 0, handle), CUDA_SUCCESS);
+  FakeDriver::enter();
+  const CUdeviceptr first = FakeDriver::reserve(4 * MiB);
+  const CUdeviceptr second = FakeDriver::reserve(4 * MiB);
+  const CUmemGenericAllocationHandle handle = FakeDriver::create(4 * MiB);
+  ASSERT_EQ(FakeDriver::map(first, 4 * MiB, 0, handle), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::map(second, 4 * MiB, 0, handle), CUDA_SUCCESS);
   EXPECT_EQ(fake().physical.at(handle).mappings, 2u);
   EXPECT_EQ(fake().used, 4 * MiB) << "the memory is taken once";
   EXPECT_EQ(fake_cuda::impl::cu_mem_release(handle), CUDA_SUCCESS);
-  EXPECT_EQ(driver.unmap(first, 4 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(first, 4 * MiB), CUDA_SUCCESS);
   EXPECT_EQ(fake().used, 4 * MiB) << "released, still mapped once";
-  EXPECT_EQ(driver.unmap(second, 4 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(second, 4 * MiB), CUDA_SUCCESS);
   EXPECT_EQ(fake().used, 0u) << "the last mapping is gone";
 }
 
 TEST_F(FakeCudaTest, DriverRuleFakeCuMemSetAccessAndUnmapTakeSeveralWholeMappingsButNoHole) {
-  FakeDriver driver;
+  FakeDriver::enter();
   // [0, 2) and [2, 6) side by side, a hole at [6, 8), then [8, 10) (MiB from the reservation).
-  const CUdeviceptr va = driver.reserve(10 * MiB);
-  ASSERT_EQ(driver.map(va, 2 * MiB, 0, driver.create(2 * MiB)), CUDA_SUCCESS);
-  ASSERT_EQ(driver.map(va + 2 * MiB, 4 * MiB, 0, driver.create(4 * MiB)), CUDA_SUCCESS);
-  ASSERT_EQ(driver.map(va + 8 * MiB, 2 * MiB, 0, driver.create(2 * MiB)), CUDA_SUCCESS);
-  EXPECT_EQ(driver.set_access(va, 6 * MiB), CUDA_SUCCESS) << "two whole mappings";
-  EXPECT_EQ(driver.set_access(va, 4 * MiB), CUDA_ERROR_INVALID_VALUE) << "part of the second";
-  EXPECT_EQ(driver.set_access(va, 10 * MiB), CUDA_ERROR_INVALID_VALUE) << "over the hole";
-  EXPECT_EQ(driver.set_access(va + 6 * MiB, 2 * MiB), CUDA_ERROR_INVALID_VALUE) << "the hole";
-  EXPECT_EQ(driver.unmap(va, 4 * MiB), CUDA_ERROR_INVALID_VALUE) << "part of the second";
-  EXPECT_EQ(driver.unmap(va, 10 * MiB), CUDA_ERROR_INVALID_VALUE) << "over the hole";
+  const CUdeviceptr va = FakeDriver::reserve(10 * MiB);
+  ASSERT_EQ(FakeDriver::map(va, 2 * MiB, 0, FakeDriver::create(2 * MiB)), CUDA_SUCCESS);
+  ASSERT_EQ(FakeDriver::map(va + 2 * MiB, 4 * MiB, 0, FakeDriver::create(4 * MiB)), CUDA_SUCCESS);
+  ASSERT_EQ(FakeDriver::map(va + 8 * MiB, 2 * MiB, 0, FakeDriver::create(2 * MiB)), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::set_access(va, 6 * MiB), CUDA_SUCCESS) << "two whole mappings";
+  EXPECT_EQ(FakeDriver::set_access(va, 4 * MiB), CUDA_ERROR_INVALID_VALUE) << "part of the second";
+  EXPECT_EQ(FakeDriver::set_access(va, 10 * MiB), CUDA_ERROR_INVALID_VALUE) << "over the hole";
+  EXPECT_EQ(FakeDriver::set_access(va + 6 * MiB, 2 * MiB), CUDA_ERROR_INVALID_VALUE) << "the hole";
+  EXPECT_EQ(FakeDriver::unmap(va, 4 * MiB), CUDA_ERROR_INVALID_VALUE) << "part of the second";
+  EXPECT_EQ(FakeDriver::unmap(va, 10 * MiB), CUDA_ERROR_INVALID_VALUE) << "over the hole";
   EXPECT_EQ(fake().mappings.size(), 3u) << "a refused unmap unmapped";
-  EXPECT_EQ(driver.unmap(va, 6 * MiB), CUDA_SUCCESS) << "two whole mappings in one call";
+  EXPECT_EQ(FakeDriver::unmap(va, 6 * MiB), CUDA_SUCCESS) << "two whole mappings in one call";
   EXPECT_EQ(fake().mappings.size(), 1u);
-  EXPECT_EQ(driver.unmap(va + 8 * MiB, 2 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(va + 8 * MiB, 2 * MiB), CUDA_SUCCESS);
 }
 
 TEST_F(FakeCudaTest, DriverRuleFakeCuMemMapOnlyIntoUnmappedReservedSpace) {
-  FakeDriver driver;
-  const CUdeviceptr va = driver.reserve(6 * MiB);
-  const CUmemGenericAllocationHandle mapped = driver.create(4 * MiB);
-  const CUmemGenericAllocationHandle other = driver.create(2 * MiB);
-  ASSERT_EQ(driver.map(va + 2 * MiB, 4 * MiB, 0, mapped), CUDA_SUCCESS);
-  EXPECT_EQ(driver.map(va + 2 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
+  FakeDriver::enter();
+  const CUdeviceptr va = FakeDriver::reserve(6 * MiB);
+  const CUmemGenericAllocationHandle mapped = FakeDriver::create(4 * MiB);
+  const CUmemGenericAllocationHandle other = FakeDriver::create(2 * MiB);
+  ASSERT_EQ(FakeDriver::map(va + 2 * MiB, 4 * MiB, 0, mapped), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::map(va + 2 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
       << "its first granule";
-  EXPECT_EQ(driver.map(va + 4 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
+  EXPECT_EQ(FakeDriver::map(va + 4 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
       << "its last granule";
-  EXPECT_EQ(driver.map(va + 6 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
+  EXPECT_EQ(FakeDriver::map(va + 6 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
       << "past the reservation";
-  EXPECT_EQ(driver.map(va + MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE) << "misaligned";
-  EXPECT_EQ(driver.map(va, 2 * MiB, 0, other), CUDA_SUCCESS);
-  EXPECT_EQ(driver.unmap(va, 6 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::map(va + MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE) << "misaligned";
+  EXPECT_EQ(FakeDriver::map(va, 2 * MiB, 0, other), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(va, 6 * MiB), CUDA_SUCCESS);
 }
 
 TEST_F(FakeCudaTest, VmmMapGrantsReadWriteAccessToItsDevice) {
@@ -763,7 +763,7 @@ TEST_F(FakeCudaTest, VmmUnmapFallsBackToOneCallPerMappingWhenTheDriverRefusesThe
   PhysicalHandle a[3];
   ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
   char* base = static_cast<char*>(va);
-  for (int i = 0; i < 3; ++i) {
+  for (std::size_t i = 0; i < 3; ++i) {
     ASSERT_EQ(device->create_physical(2 * MiB, &a[i]), Status::ok);
     ASSERT_EQ(device->map(base + i * 2 * MiB, a[i]), Status::ok);
   }
