@@ -5,9 +5,14 @@
 // It is what the replay engine runs on and what every allocator test runs on, so its accounting
 // follows a real GPU: capacity is charged in whole granules (2 MiB by default, as the driver
 // does), addresses are unique, aligned and never overlap a live segment, and a failed allocation
-// leaves nothing behind. Streams are simulated on a virtual clock: work submitted with `launch`
-// completes only when the clock is advanced past it or when the host synchronises, so that code
-// which reuses memory across streams is really tested against pending work.
+// leaves nothing behind. Its virtual memory refuses what the CUDA driver refuses, with the
+// contract's statuses: a map of part of a handle (`not_supported`, the driver's
+// CUDA_ERROR_NOT_SUPPORTED), an unmap that cuts a mapping or covers a hole, a map or a run of maps
+// outside one reservation or over a mapping (`invalid_argument`); one handle may be mapped at
+// several addresses, its memory charged once. Streams are simulated on a virtual clock: work
+// submitted with `launch` completes only when the clock is advanced past it or when the host
+// synchronises, so that code which reuses memory across streams is really tested against pending
+// work.
 //
 // Fault injection makes any operation fail on its Nth call or with a probability, and counters
 // record every call. All methods are thread-safe. Memory calls share one lock; stream and event
@@ -70,8 +75,8 @@ class SimDevice final : public Device {
   Status release_reservation(void* va, std::size_t bytes) noexcept override;
   Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept override;
   Status release_physical(PhysicalHandle handle) noexcept override;
-  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
-             std::size_t offset) noexcept override;
+  Status map(void* va, PhysicalHandle handle) noexcept override;
+  Status map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept override;
   Status unmap(void* va, std::size_t bytes) noexcept override;
   Status create_event(Event* event) noexcept override;
   Status destroy_event(Event event) noexcept override;
