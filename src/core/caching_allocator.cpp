@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "allocator_impl.hpp"
 #include "device_call.hpp"
@@ -276,6 +278,7 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   release_cache(&pool);
   if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
+  if (std::getenv("CISTERN_EXP_DEBUG_OOM")) backing_->debug_oom(size);
   throw_out_of_memory(pool, bytes, size, policy_.segment_size(size), small);
 }
 

@@ -27,6 +27,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdlib>
 
 #include "allocator_impl.hpp"
@@ -110,6 +112,28 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   bool release_segment(StreamPool& pool, Block* b) override;
   std::size_t release_rest() override;
   void trim() override;
+  void debug_oom(std::size_t size) override {
+    // live granules per handle
+    std::size_t by_size[64] = {}, pinned_free[64] = {}, count[64] = {};
+    for (std::uint32_t s = 0; s < handles_.slots().size(); ++s) {
+      const HandleSlot& h = handles_[s];
+      if (!h.live || h.segment == nullptr) continue;
+      const Segment& seg = *h.segment;
+      std::size_t used = 0;
+      for (std::size_t i = h.first; i < h.first + h.granules; ++i) {
+        const std::uintptr_t lo = seg.base + i * g_, hi = lo + g_;
+        bool live = false;
+        for (const Block* b = seg.head; b; b = b->next) {
+          if (b->addr < hi && lo < b->addr + b->size && !b->is_free()) { live = true; break; }
+        }
+        used += live;
+      }
+      int k = 63 - __builtin_clzll(h.granules);
+      count[k]++; by_size[k] += h.granules; pinned_free[k] += (used ? h.granules - used : 0);
+    }
+    std::fprintf(stderr, "OOM size %zu MiB reserved %zu MiB\n", size >> 20, a_.reserved_bytes() >> 20);
+    for (int k = 0; k < 64; ++k) if (count[k]) std::fprintf(stderr, "  handles of %zu+ granules: %zu, %zu MiB, free-but-pinned %zu MiB\n", std::size_t{1} << k, count[k], by_size[k]*2, pinned_free[k]*2);
+  }
   void check(const std::vector<const Segment*>& segments) const override;
 
  private:
@@ -129,7 +153,8 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   Block* new_segment(StreamPool& pool, std::size_t size, bool small);
   bool map_for(StreamPool& pool, Block& b, std::size_t size, bool small, bool reclaim);
   std::vector<PlannedHandle> plan(const Segment& seg, std::size_t first, std::size_t last,
-                                  std::size_t limit, bool small);
+                                  std::size_t limit, bool small, bool open_left = false,
+                                  bool open_right = false);
   std::size_t headroom();
   std::size_t fine_margin() const noexcept;
   bool create(const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots,
@@ -155,6 +180,7 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   detail::HandleTable handles_;
   bool grown_ = false;  // a first growth succeeded: a refusal from now on is an error, no fallback
   bool constrained_ = false;  // a growth has had to reclaim
+  std::size_t fine_limit_ = 1;  // experimental: the largest handle near the limit, in granules
 };
 
 std::unique_ptr<CachingAllocator::Impl::Backing> CachingAllocator::Impl::make_mapped_handles() {
@@ -235,6 +261,10 @@ std::vector<std::uint32_t> CachingAllocator::Impl::MappedHandles::coarse_under(
       continue;
     }
     const HandleSlot& h = handles_[slot_of(page)];
+    if (h.granules <= fine_limit_) {
+      i = h.first + h.granules;
+      continue;
+    }
     const bool inside = h.first >= inside_first && h.first + h.granules <= inside_end;
     const bool beyond = h.first < first || h.first + h.granules > last;
     if (inside && beyond) found.push_back(slot_of(page));
@@ -271,8 +301,11 @@ void CachingAllocator::Impl::MappedHandles::make_finer(StreamPool& pool, Block& 
 
 // Whether the engine is near the limit, from what the device and the limit have left now.
 void CachingAllocator::Impl::MappedHandles::update_tight() {
+  static const bool kgeo = std::getenv("CISTERN_EXP_K") != nullptr;
+  if (kgeo) return;
   static const bool sticky = std::getenv("CISTERN_EXP_STICKY") != nullptr;
-  a_.tight_.store(headroom() < fine_margin() || (sticky && constrained_), std::memory_order_relaxed);
+  static const bool mfc = std::getenv("CISTERN_EXP_MF_CONSTRAINED") != nullptr;
+  a_.tight_.store((headroom() < fine_margin() && (!mfc || constrained_)) || (sticky && constrained_), std::memory_order_relaxed);
 }
 
 // A new expandable segment (address space only), or nullptr when the device has no address space
@@ -287,8 +320,12 @@ Block* CachingAllocator::Impl::MappedHandles::new_segment(StreamPool& pool, std:
     const char* t = std::getenv("CISTERN_EXP_LARGE_SEG_MB");
     return t ? static_cast<std::size_t>(std::atoll(t)) << 20 : kLargeRange;
   }();
-  const std::size_t bytes =
+  static const bool own_big = std::getenv("CISTERN_EXP_OWN_BIG") != nullptr;
+  std::size_t bytes =
       round_up(std::max(a_.policy_.segment_size(size), small ? small_range : large_range), g_);
+  if (own_big && !small && size >= a_.config_.min_large_alloc) {
+    bytes = round_up(a_.policy_.segment_size(size), g_);
+  }
   void* va = nullptr;
   const Status status = a_.device_.reserve(bytes, 0, &va);
   if (status == Status::out_of_memory || refused(status, DeviceOp::reserve)) return nullptr;
@@ -320,7 +357,10 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
   if (a_.tight_.load(std::memory_order_relaxed)) make_finer(pool, b, first, last);
   if (seg.unmapped_pages == 0) return true;
   const std::size_t limit = (b.addr + b.size - seg.base + g_ - 1) / g_;
-  const std::vector<PlannedHandle> planned = plan(seg, first, last, limit, small);
+  const bool open_left = (b.addr - seg.base) % g_ != 0;
+  const bool open_right = (b.addr + used_part(b, size, small) - seg.base) % g_ != 0;
+  const std::vector<PlannedHandle> planned =
+      plan(seg, first, last, limit, small, open_left, open_right);
   if (planned.empty()) return true;
   std::vector<std::uint32_t> slots;
   if (!create(planned, slots, pool, Keep{&seg, first, last}, reclaim)) return false;
@@ -335,7 +375,9 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(const Seg
                                                                        std::size_t first,
                                                                        std::size_t last,
                                                                        std::size_t limit,
-                                                                       bool small) {
+                                                                       bool small,
+                                                                       bool open_left,
+                                                                       bool open_right) {
   std::vector<GranuleRun> runs;
   std::size_t need = 0;
   for (std::size_t i = first; i < last;) {
@@ -371,10 +413,72 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(const Seg
   const std::size_t room = headroom();
   static const bool sticky = std::getenv("CISTERN_EXP_STICKY") != nullptr;
   const bool near_limit = room < (need + spare) * g_ + fine_margin() || (sticky && constrained_);
-  a_.tight_.store(near_limit, std::memory_order_relaxed);
+  static const bool mfc = std::getenv("CISTERN_EXP_MF_CONSTRAINED") != nullptr;
+  a_.tight_.store(near_limit && (!mfc || constrained_), std::memory_order_relaxed);
+  static const std::size_t kgeo = [] {
+    const char* t = std::getenv("CISTERN_EXP_K");
+    return t ? static_cast<std::size_t>(std::atoll(t)) : std::size_t{0};
+  }();
+  if (kgeo != 0) {
+    const std::size_t after = room > need * g_ ? room - need * g_ : 0;
+    static const bool lazy = std::getenv("CISTERN_EXP_LAZY") != nullptr;
+    static const std::size_t keager = [] {
+      const char* t = std::getenv("CISTERN_EXP_KEAGER");
+      return t ? static_cast<std::size_t>(std::atoll(t)) : std::size_t{0};
+    }();
+    const std::size_t kuse = keager != 0 && !constrained_ ? keager : kgeo;
+    const std::size_t limit_granules =
+        lazy && !constrained_ ? SIZE_MAX / 2 : std::max<std::size_t>(1, after / (kuse * g_));
+    static const std::size_t kext = [] {
+      const char* t = std::getenv("CISTERN_EXP_KEXT");
+      return t ? static_cast<std::size_t>(std::atoll(t)) : std::size_t{0};
+    }();
+    if (kext != 0) {
+      const std::size_t ext_unit = std::min<std::size_t>(after / (kext * g_), 256);
+      extended = tail.end;
+      if (tail.end == last) {
+        while (extended < limit && extended - tail.first < ext_unit &&
+               seg.pages[extended] == kNoPage) {
+          ++extended;
+        }
+      }
+    }
+    fine_limit_ = limit_granules;
+    a_.tight_.store(limit_granules < unit && (!mfc || constrained_), std::memory_order_relaxed);
+    static const bool noext = std::getenv("CISTERN_EXP_NOEXT") != nullptr;
+    if (limit_granules >= unit && !noext) {
+      tail.end = extended;
+    }
+    static const bool aligned = std::getenv("CISTERN_EXP_ALIGNED") != nullptr;
+    const std::size_t piece = std::min(cap, limit_granules);
+    for (const GranuleRun& r : runs) {
+      if (aligned && r.end - r.first > piece) {
+        // Near the limit: the granules the block shares with a neighbour get handles of their
+        // own, its interior one handle.
+        std::size_t lo = r.first;
+        std::size_t hi = r.end;
+        if (open_left && lo == first) planned.push_back({lo++, 1});
+        const bool right = open_right && hi == last && hi > lo;
+        if (right) --hi;
+        for (std::size_t i = lo; i < hi; i += std::min(cap, hi - i)) {
+          planned.push_back({i, std::min(cap, hi - i)});
+        }
+        if (right) planned.push_back({hi, 1});
+        continue;
+      }
+      for (std::size_t i = r.first; i < r.end; i += std::min(piece, r.end - i)) {
+        planned.push_back({i, std::min(piece, r.end - i)});
+      }
+    }
+    return planned;
+  }
   if (!near_limit) tail.end = extended;
   for (const GranuleRun& r : runs) {
-    const std::size_t piece = near_limit ? 1 : cap;
+    static const std::size_t fine = [] {
+      const char* t = std::getenv("CISTERN_EXP_FINE_GRANULES");
+      return t ? static_cast<std::size_t>(std::atoll(t)) : std::size_t{1};
+    }();
+    const std::size_t piece = near_limit ? fine : cap;
     for (std::size_t i = r.first; i < r.end; i += std::min(piece, r.end - i)) {
       planned.push_back({i, std::min(piece, r.end - i)});
     }
@@ -404,7 +508,11 @@ std::size_t CachingAllocator::Impl::MappedHandles::fine_margin() const noexcept 
     const char* text = std::getenv("CISTERN_EXP_FINE_DIV");
     return text != nullptr ? static_cast<std::size_t>(std::atoll(text)) : std::size_t{16};
   }();
-  return divisor == 0 ? 0 : total / divisor;
+  static const std::size_t cap = [] {
+    const char* text = std::getenv("CISTERN_EXP_FINE_CAP_MB");
+    return text != nullptr ? static_cast<std::size_t>(std::atoll(text)) << 20 : SIZE_MAX;
+  }();
+  return divisor == 0 ? 0 : std::min(cap, total / divisor);
 }
 
 // Creates the planned handles (slots in `slots`, in order, not yet mapped). When the device or
