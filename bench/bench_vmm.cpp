@@ -264,7 +264,7 @@ class VmmBench {
       contract_time(device, "contract_create_" + suffix, "CudaVmmDevice::create_physical", bytes,
                     [&] { return device.create_physical(bytes, &handle); });
       contract_time(device, "contract_map_" + suffix, "CudaVmmDevice::map", bytes,
-                    [&] { return device.map(va, bytes, handle, 0); });
+                    [&] { return device.map(va, handle); });
       contract_time(device, "contract_unmap_" + suffix, "CudaVmmDevice::unmap", bytes,
                     [&] { return device.unmap(va, bytes); });
       contract_time(device, "contract_release_" + suffix, "CudaVmmDevice::release_physical", bytes,

@@ -13,6 +13,9 @@
 //     // Makes the next call of `op` fail inside the backend (as the driver would); false where
 //     // the backend cannot inject failures (a real GPU): the failure tests skip themselves.
 //     static bool fail_next(cistern::Device&, cistern::DeviceOp op);
+//     // How many granules the free-memory figure may move on its own between two reads: 0 where
+//     // the backend's accounting is exact (simulated, fake driver), more on a real GPU.
+//     static constexpr std::size_t kFreeMemoryDriftGranules = 0;
 //   };
 //   namespace cistern::conformance {  // the instantiation must name the suite unqualified
 //   INSTANTIATE_TYPED_TEST_SUITE_P(My, DeviceConformance, ::testing::Types<MyFactory>);
@@ -20,7 +23,8 @@
 //
 // Every expectation here must also hold on a real GPU, because the CUDA backends run the same
 // suite: no exact addresses, no exact free-memory figures beyond "drops by at least" and "comes
-// back", no simulated time. Sizes stay small so that a shared GPU can run it.
+// back" (each within the backend's drift), no simulated time. Sizes stay small so that a shared
+// GPU can run it.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -96,6 +100,26 @@ class DeviceConformance : public ::testing::Test {
   /// Makes the next call of `op` fail; false where the backend cannot inject failures.
   bool fail_next(DeviceOp op) { return Factory::fail_next(*device_, op); }
 
+  /// How far the free figure may move on its own between two reads (see the factory).
+  std::size_t drift() { return Factory::kFreeMemoryDriftGranules * granule(); }
+
+  /// Expects free memory to be at least `bytes` below `before`, give or take the drift.
+  void expect_taken(const MemoryInfo& before, std::size_t bytes, const char* when) {
+    const MemoryInfo now = memory();
+    EXPECT_LE(now.free + bytes, before.free + drift())
+        << when << ": free memory must drop by at least " << bytes << " (drift allowed " << drift()
+        << ")";
+  }
+
+  /// Expects free memory to be back at `before`, give or take the drift.
+  void expect_returned(const MemoryInfo& before, const char* when) {
+    const MemoryInfo now = memory();
+    const std::size_t apart =
+        now.free > before.free ? now.free - before.free : before.free - now.free;
+    EXPECT_LE(apart, drift()) << when << ": free memory " << now.free << " is not back at "
+                              << before.free << " (drift allowed " << drift() << ")";
+  }
+
   /// `bytes` rounded up to whole granules.
   std::size_t granules_for(std::size_t bytes) {
     return (bytes + granule() - 1) / granule() * granule();
@@ -170,7 +194,7 @@ TYPED_TEST_P(DeviceConformance, FreeMemoryDropsOnAllocateAndReturnsOnDeallocate)
   EXPECT_EQ(during.total, before.total);
   EXPECT_LE(during.free + bytes, before.free) << "free memory must drop by at least the size";
   ASSERT_EQ(this->device().deallocate(ptr), Status::ok) << this->device().last_error();
-  EXPECT_EQ(this->memory().free, before.free);
+  this->expect_returned(before, "after the deallocation");
 }
 
 TYPED_TEST_P(DeviceConformance, TooLargeAllocationIsOutOfMemoryAndLeavesNothingBehind) {
@@ -179,9 +203,12 @@ TYPED_TEST_P(DeviceConformance, TooLargeAllocationIsOutOfMemoryAndLeavesNothingB
   EXPECT_EQ(this->device().allocate(2 * before.total + this->granule(), &ptr),
             Status::out_of_memory);
   EXPECT_FALSE(this->device().last_error().empty());
-  const MemoryInfo after = this->memory();
-  EXPECT_EQ(after.free, before.free);
-  EXPECT_EQ(after.total, before.total);
+  // Nothing taken: free memory is back where it was, within the drift that a real driver's figure
+  // shows between two reads (on an H200 it grew by 2 MiB between two reads with no call between
+  // them), which an allocation that leaked even one granule on the simulated and fake devices
+  // (drift 0) would still fail. The drift is the factory's: 0 there, 2 granules on a real GPU.
+  this->expect_returned(before, "after the refused allocation");
+  EXPECT_EQ(this->memory().total, before.total);
   // The device is still usable after the failure.
   void* small = this->allocate(1);
   EXPECT_EQ(this->device().deallocate(small), Status::ok);
@@ -209,51 +236,45 @@ TYPED_TEST_P(DeviceConformance, VirtualMemoryRoundTrip) {
   EXPECT_EQ(address(va) % granule, 0u);
   const PhysicalHandle low = this->create_physical(2 * granule);
   const PhysicalHandle high = this->create_physical(2 * granule);
-  EXPECT_LE(this->memory().free + 4 * granule, before.free);
+  this->expect_taken(before, 4 * granule, "two handles of two granules");
 
-  ASSERT_EQ(device.map(va, 2 * granule, low, 0), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(bytes_at(va, 2 * granule), 2 * granule, high, 0), Status::ok)
-      << device.last_error();
+  ASSERT_EQ(device.map(va, low), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(va, 2 * granule), high), Status::ok) << device.last_error();
   EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
   EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), 2 * granule), Status::ok)
       << device.last_error();
   EXPECT_EQ(device.release_physical(low), Status::ok) << device.last_error();
   EXPECT_EQ(device.release_physical(high), Status::ok) << device.last_error();
   EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(this->memory().free, before.free);
+  this->expect_returned(before, "after the round trip");
 }
 
-TYPED_TEST_P(DeviceConformance, ReleasedPhysicalMemoryReturnsWithItsLastMapping) {
+TYPED_TEST_P(DeviceConformance, CreatedHandleKnowsItsSize) {
   if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
   Device& device = this->device();
   const std::size_t granule = this->granule();
-  const MemoryInfo before = this->memory();
-  void* va = this->reserve(2 * granule);
-  const PhysicalHandle handle = this->create_physical(2 * granule);
-  ASSERT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << device.last_error();
-
-  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
-  EXPECT_LE(this->memory().free + 2 * granule, before.free) << "still mapped, still in use";
-  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(this->memory().free, before.free);
-  EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok) << device.last_error();
+  for (const std::size_t bytes : {granule, 3 * granule}) {
+    const PhysicalHandle handle = this->create_physical(bytes);
+    EXPECT_EQ(handle.bytes, bytes);
+    EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  }
 }
 
-TYPED_TEST_P(DeviceConformance, MisalignedMapIsInvalid) {
+TYPED_TEST_P(DeviceConformance, MapOfAHandleClaimingMoreThanItsSizeIsInvalid) {
+  // The contract's own check: a handle whose `bytes` exceeds what was created is not one the
+  // device handed out.
   if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
   Device& device = this->device();
   const std::size_t granule = this->granule();
   void* va = this->reserve(4 * granule);
   const PhysicalHandle handle = this->create_physical(2 * granule);
-
-  EXPECT_EQ(device.map(bytes_at(va, 256), granule, handle, 0), Status::invalid_argument);
+  PhysicalHandle larger = handle;
+  larger.bytes = 4 * granule;
+  EXPECT_EQ(device.map(va, larger), Status::invalid_argument);
   EXPECT_FALSE(device.last_error().empty());
-  EXPECT_EQ(device.map(va, granule / 2, handle, 0), Status::invalid_argument);
-  // Nothing was mapped by the failed calls: the whole range can still be mapped and unmapped.
-  EXPECT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << device.last_error();
-  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_physical(handle), Status::ok);
-  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok);
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::invalid_argument) << "the refused map mapped";
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
 }
 
 TYPED_TEST_P(DeviceConformance, ReleasingAReservationWithMappingsIsInvalid) {
@@ -262,7 +283,7 @@ TYPED_TEST_P(DeviceConformance, ReleasingAReservationWithMappingsIsInvalid) {
   const std::size_t granule = this->granule();
   void* va = this->reserve(2 * granule);
   const PhysicalHandle handle = this->create_physical(granule);
-  ASSERT_EQ(device.map(va, granule, handle, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(va, handle), Status::ok) << device.last_error();
 
   EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::invalid_argument);
   EXPECT_FALSE(device.last_error().empty());
@@ -271,13 +292,6 @@ TYPED_TEST_P(DeviceConformance, ReleasingAReservationWithMappingsIsInvalid) {
   EXPECT_EQ(device.release_physical(handle), Status::ok);
   EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok) << device.last_error();
 }
-
-// --- virtual memory as the allocator's page engine uses it ----------------------------------------
-//
-// The engine reserves large ranges, creates physical handles of a few sizes (2 MiB and 20 MiB),
-// maps runs of a handle's granules wherever blocks need them (one handle's pages may back several
-// addresses while a range is being rebuilt), unmaps whole earlier mappings - several at once -
-// after synchronising their users, and may release a handle before its last mapping goes.
 
 TYPED_TEST_P(DeviceConformance, ReservesLargeRangesThatNeverOverlapAndTakeNoMemory) {
   if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
@@ -295,7 +309,7 @@ TYPED_TEST_P(DeviceConformance, ReservesLargeRangesThatNeverOverlapAndTakeNoMemo
   EXPECT_TRUE(address(first) + large <= address(second) ||
               address(second) + large <= address(first))
       << "the reservations overlap";
-  EXPECT_EQ(this->memory().free, before.free) << "address space must not take device memory";
+  this->expect_returned(before, "address space must not take device memory");
   EXPECT_EQ(device.release_reservation(first, large), Status::ok) << device.last_error();
   EXPECT_EQ(device.release_reservation(second, large), Status::ok) << device.last_error();
 }
@@ -311,7 +325,7 @@ TYPED_TEST_P(DeviceConformance, CreatesPhysicalHandlesOfSeveralSizes) {
   for (std::size_t bytes : sizes) {
     handles.push_back(this->create_physical(bytes));
     total += bytes;
-    EXPECT_LE(this->memory().free + total, before.free) << "after a handle of " << bytes;
+    this->expect_taken(before, total, "after a handle");
   }
   for (std::size_t i = 0; i < handles.size(); ++i) {
     for (std::size_t j = 0; j < i; ++j) EXPECT_NE(handles[i].handle, handles[j].handle);
@@ -319,135 +333,314 @@ TYPED_TEST_P(DeviceConformance, CreatesPhysicalHandlesOfSeveralSizes) {
   for (const PhysicalHandle handle : handles) {
     EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
   }
-  EXPECT_EQ(this->memory().free, before.free);
+  this->expect_returned(before, "after the releases");
   EXPECT_EQ(device.release_physical(handles[0]), Status::invalid_argument) << "released twice";
 }
 
-TYPED_TEST_P(DeviceConformance, MapsRunsOfGranulesAtOffsetsInsideAHandle) {
-  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
-  Device& device = this->device();
-  const std::size_t granule = this->granule();
-  void* va = this->reserve(12 * granule);
-  const PhysicalHandle handle = this->create_physical(10 * granule);
-  // The handle's granules in two runs, in the opposite order, with a gap between them.
-  ASSERT_EQ(device.map(va, 7 * granule, handle, 3 * granule), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(bytes_at(va, 9 * granule), 3 * granule, handle, 0), Status::ok)
-      << device.last_error();
-  // The last granule fits; one granule past the end of the handle does not.
-  void* other = this->reserve(2 * granule);
-  EXPECT_EQ(device.map(other, 2 * granule, handle, 9 * granule), Status::invalid_argument);
-  ASSERT_EQ(device.map(other, granule, handle, 9 * granule), Status::ok) << device.last_error();
-  // A run may not cross the end of its reservation.
-  EXPECT_EQ(device.map(bytes_at(va, 7 * granule), 6 * granule, handle, 0),
-            Status::invalid_argument);
+// --- the CUDA driver's rules ------------------------------------------------------------------------
+//
+// One test per rule of what cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease and
+// cuMemAddressFree accept, as measured on an H200 (../shared/reference/vmm-and-planning.md,
+// section 4) or documented by NVIDIA. Every backend runs them - SimDevice, the fake driver, the
+// real CudaVmmDevice - so that a device that accepts what the driver refuses shows at once. They
+// share the prefix DriverRule: scripts/gpu-check.sh runs them first
+// (--gtest_filter='*DriverRule*'). A map at an offset into a handle (CUDA_ERROR_NOT_SUPPORTED on
+// the driver) cannot be expressed in the contract, which maps handles only whole; the fake driver's
+// own tests cover that call.
 
-  EXPECT_EQ(device.unmap(va, 7 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.unmap(bytes_at(va, 9 * granule), 3 * granule), Status::ok)
-      << device.last_error();
-  EXPECT_EQ(device.unmap(other, granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_reservation(va, 12 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_reservation(other, 2 * granule), Status::ok) << device.last_error();
-}
-
-TYPED_TEST_P(DeviceConformance, MapsARunOfPiecesAllOrNothingAndUnmapsEachAlone) {
-  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
-  Device& device = this->device();
-  const std::size_t granule = this->granule();
-  void* va = this->reserve(6 * granule);
-  const PhysicalHandle big = this->create_physical(3 * granule);
-  const PhysicalHandle small = this->create_physical(granule);
-  // Pieces of two handles side by side, the big one's out of order.
-  const MapPiece run[] = {{big, 2 * granule, granule}, {small, 0, granule}, {big, 0, 2 * granule}};
-  ASSERT_EQ(device.map_run(va, run, 3), Status::ok) << device.last_error();
-  // A run whose last piece lies outside its handle maps nothing, not even its good pieces.
-  const MapPiece bad[] = {{big, 0, granule}, {small, granule, granule}};
-  EXPECT_EQ(device.map_run(bytes_at(va, 4 * granule), bad, 2), Status::invalid_argument);
-  // Each piece is a mapping of its own; a range over two of them unmaps both.
-  EXPECT_EQ(device.unmap(bytes_at(va, granule), granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), granule), Status::invalid_argument)
-      << "part of the third piece";
-  EXPECT_EQ(device.unmap(va, granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), 2 * granule), Status::ok)
-      << device.last_error();
-  // Nothing of the failed run is left: its range maps again.
-  ASSERT_EQ(device.map(bytes_at(va, 4 * granule), 2 * granule, big, 0), Status::ok)
-      << device.last_error();
-  EXPECT_EQ(device.unmap(bytes_at(va, 4 * granule), 2 * granule), Status::ok)
-      << device.last_error();
-  EXPECT_EQ(device.release_physical(big), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_physical(small), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_reservation(va, 6 * granule), Status::ok) << device.last_error();
-}
-
-TYPED_TEST_P(DeviceConformance, MapsOneHandleAtSeveralAddressesUntilTheLastMappingGoes) {
+TYPED_TEST_P(DeviceConformance, DriverRuleMapOfAWholeHandleAtOffsetZeroSucceeds) {
   if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
   Device& device = this->device();
   const std::size_t granule = this->granule();
   const MemoryInfo before = this->memory();
-  void* first = this->reserve(4 * granule);
-  void* second = this->reserve(2 * granule);
-  const PhysicalHandle handle = this->create_physical(2 * granule);
-  // The same pages at three places: two ranges and a second alias of the last granule.
-  ASSERT_EQ(device.map(first, 2 * granule, handle, 0), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(second, 2 * granule, handle, 0), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(bytes_at(first, 3 * granule), granule, handle, granule), Status::ok)
-      << device.last_error();
-
-  EXPECT_EQ(device.unmap(first, 2 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
-  EXPECT_LE(this->memory().free + 2 * granule, before.free) << "still mapped twice";
-  EXPECT_EQ(device.map(first, granule, handle, 0), Status::invalid_argument)
-      << "a released handle cannot be mapped again";
-  EXPECT_EQ(device.unmap(second, 2 * granule), Status::ok) << device.last_error();
-  EXPECT_LE(this->memory().free + 2 * granule, before.free) << "still mapped once";
-  EXPECT_EQ(device.unmap(bytes_at(first, 3 * granule), granule), Status::ok) << device.last_error();
-  EXPECT_EQ(this->memory().free, before.free) << "the last mapping is gone";
-  EXPECT_EQ(device.release_reservation(first, 4 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_reservation(second, 2 * granule), Status::ok) << device.last_error();
+  void* va = this->reserve(4 * granule);
+  const PhysicalHandle big = this->create_physical(3 * granule);
+  const PhysicalHandle small = this->create_physical(granule);
+  ASSERT_EQ(device.map(va, big), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(va, 3 * granule), small), Status::ok) << device.last_error();
+  this->expect_taken(before, 4 * granule, "two handles mapped");
+  // Each is one mapping, of the handle's size.
+  EXPECT_EQ(device.unmap(va, 3 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, 3 * granule), granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(big), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(small), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
+  this->expect_returned(before, "all released");
 }
 
-TYPED_TEST_P(DeviceConformance, UnmapsPartOfWhatWasMappedAsSeparateCalls) {
+TYPED_TEST_P(DeviceConformance, DriverRuleMapOfPartOfAHandleIsNotSupportedAndMapsNothing) {
+  // cuMemMap of 8 of a 16 MiB handle returned CUDA_ERROR_NOT_SUPPORTED on the H200.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(8 * granule);
+  const PhysicalHandle whole = this->create_physical(4 * granule);
+  const PhysicalHandle other = this->create_physical(granule);
+  PhysicalHandle half = whole;
+  half.bytes = 2 * granule;
+  EXPECT_EQ(device.map(va, half), Status::not_supported);
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::invalid_argument) << "the refused map mapped";
+  // In a run, the part refuses the whole run: the whole handle before it is not left mapped.
+  const PhysicalHandle run[] = {other, half};
+  EXPECT_EQ(device.map_run(va, run, 2), Status::not_supported);
+  EXPECT_EQ(device.unmap(va, granule), Status::invalid_argument) << "the refused run mapped";
+  // The whole handle maps where the part did not.
+  ASSERT_EQ(device.map(va, whole), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(va, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(whole), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(other), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 8 * granule), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleUnmapThatCutsAMappingIsInvalidAndChangesNothing) {
+  // cuMemUnmap of part of one mapping returned CUDA_ERROR_INVALID_VALUE on the H200: a handle is
+  // the smallest unit that can be unmapped.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const MemoryInfo before = this->memory();
+  void* va = this->reserve(6 * granule);
+  const PhysicalHandle handle = this->create_physical(4 * granule);
+  const PhysicalHandle next = this->create_physical(2 * granule);
+  ASSERT_EQ(device.map(va, handle), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(va, 4 * granule), next), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), granule), Status::invalid_argument);
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::invalid_argument) << "the first half";
+  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), 2 * granule), Status::invalid_argument)
+      << "the second half";
+  EXPECT_EQ(device.unmap(va, 5 * granule), Status::invalid_argument)
+      << "one whole mapping and part of the next";
+  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), 4 * granule), Status::invalid_argument)
+      << "part of one mapping and the whole next";
+  // Nothing was unmapped: both mappings are still there, whole.
+  EXPECT_EQ(device.map(bytes_at(va, 4 * granule), next), Status::invalid_argument)
+      << "still mapped";
+  this->expect_taken(before, 6 * granule, "both still mapped");
+  EXPECT_EQ(device.unmap(va, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, 4 * granule), 2 * granule), Status::ok)
+      << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok);
+  EXPECT_EQ(device.release_physical(next), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 6 * granule), Status::ok);
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleUnmapOverAHoleIsInvalidAndChangesNothing) {
+  // cuMemUnmap takes "the entire contiguous address range that was mapped": a range with an
+  // unmapped gap in it, or one that starts or ends in unmapped space, is refused.
   if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
   Device& device = this->device();
   const std::size_t granule = this->granule();
   void* va = this->reserve(4 * granule);
-  const PhysicalHandle pages = this->create_physical(4 * granule);
-  const PhysicalHandle spare = this->create_physical(2 * granule);
-  for (std::size_t i = 0; i < 4; ++i) {
-    ASSERT_EQ(device.map(bytes_at(va, i * granule), granule, pages, i * granule), Status::ok)
-        << "granule " << i << ": " << device.last_error();
-  }
-  // The middle two in one call: the mappings on either side stay.
-  EXPECT_EQ(device.unmap(bytes_at(va, granule), 2 * granule), Status::ok) << device.last_error();
+  const PhysicalHandle low = this->create_physical(granule);
+  const PhysicalHandle high = this->create_physical(granule);
+  ASSERT_EQ(device.map(va, low), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(va, 2 * granule), high), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(va, 3 * granule), Status::invalid_argument) << "a hole in the middle";
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.unmap(va, 4 * granule), Status::invalid_argument) << "a hole at the end";
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), 2 * granule), Status::invalid_argument)
+      << "a hole at the start";
   EXPECT_EQ(device.unmap(bytes_at(va, granule), granule), Status::invalid_argument)
-      << "unmapped twice";
-  EXPECT_EQ(device.map(va, granule, spare, 0), Status::invalid_argument) << "still mapped";
-  // The hole takes other pages; then one call unmaps a whole mapping of each handle.
-  ASSERT_EQ(device.map(bytes_at(va, granule), 2 * granule, spare, 0), Status::ok)
-      << device.last_error();
+      << "nothing mapped there";
+  // Both mappings are still there.
   EXPECT_EQ(device.unmap(va, granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(low), Status::ok);
+  EXPECT_EQ(device.release_physical(high), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok);
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleOneHandleMapsAtTwoAddressesAsTheSameMemory) {
+  // The same handle mapped at a second address while the first mapping stays: CUDA_SUCCESS on the
+  // H200, and the memory is taken once (the GPU test writes through one address and reads
+  // through the other).
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const std::size_t bytes = 8 * granule;
+  const MemoryInfo before = this->memory();
+  void* first = this->reserve(bytes);
+  void* second = this->reserve(2 * bytes);
+  const PhysicalHandle handle = this->create_physical(bytes);
+  ASSERT_EQ(device.map(first, handle), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(second, handle), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(second, bytes), handle), Status::ok) << device.last_error();
+  this->expect_taken(before, bytes, "the handle is mapped");
+  EXPECT_LE(before.free - this->memory().free, bytes + this->drift())
+      << "three mappings of one handle must take its memory once";
+  // Each mapping is one of its own.
+  EXPECT_EQ(device.unmap(second, bytes), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(first, bytes), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(second, bytes), bytes), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(first, bytes), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(second, 2 * bytes), Status::ok) << device.last_error();
+  this->expect_returned(before, "all released");
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleAccessAndUnmapCoverSeveralWholeMappings) {
+  // cuMemSetAccess and cuMemUnmap over a range of several whole mappings side by side:
+  // CUDA_SUCCESS on the H200. map_run grants access to its run in one step; one unmap takes
+  // several mappings, and the mappings on either side stay.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const MemoryInfo before = this->memory();
+  void* va = this->reserve(6 * granule);
+  const PhysicalHandle big = this->create_physical(2 * granule);
+  const PhysicalHandle handles[] = {this->create_physical(granule), big,
+                                    this->create_physical(granule), this->create_physical(granule)};
+  ASSERT_EQ(device.map_run(va, handles, 4), Status::ok) << device.last_error();
+  this->expect_taken(before, 5 * granule, "the run is mapped");
+  // The two middle mappings in one call.
   EXPECT_EQ(device.unmap(bytes_at(va, granule), 3 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_physical(pages), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_physical(spare), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), 2 * granule), Status::invalid_argument)
+      << "unmapped twice";
+  // The hole takes other handles, in a run of its own; then one call over all of it.
+  const PhysicalHandle refill[] = {this->create_physical(granule), this->create_physical(granule),
+                                   this->create_physical(granule)};
+  ASSERT_EQ(device.map_run(bytes_at(va, granule), refill, 3), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(va, 5 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(va, granule), Status::invalid_argument) << "all of it was unmapped";
+  for (const PhysicalHandle handle : handles) {
+    EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  }
+  for (const PhysicalHandle handle : refill) {
+    EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  }
+  EXPECT_EQ(device.release_reservation(va, 6 * granule), Status::ok) << device.last_error();
+  this->expect_returned(before, "all released");
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleMapRunIsAllOrNothing) {
+  // One cuMemMap per handle and one cuMemSetAccess over the run: where any handle is refused,
+  // none is left mapped.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(4 * granule);
+  const PhysicalHandle first = this->create_physical(granule);
+  const PhysicalHandle second = this->create_physical(2 * granule);
+  const PhysicalHandle blocker = this->create_physical(granule);
+  ASSERT_EQ(device.map(bytes_at(va, 3 * granule), blocker), Status::ok) << device.last_error();
+  // The last handle of this run would land on the blocker's mapping.
+  const PhysicalHandle run[] = {first, second, first};
+  EXPECT_EQ(device.map_run(va, run, 3), Status::invalid_argument);
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.unmap(va, granule), Status::invalid_argument) << "the failed run mapped";
+  // Without the blocker the same run maps (the first handle twice: one handle at two addresses).
+  ASSERT_EQ(device.unmap(bytes_at(va, 3 * granule), granule), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map_run(va, run, 3), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(va, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(first), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(second), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(blocker), Status::ok) << device.last_error();
   EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
 }
 
-TYPED_TEST_P(DeviceConformance, UnmappingPartOfOneMappingIsInvalidAndChangesNothing) {
-  // cuMemUnmap takes whole mappings: a page the engine may reclaim alone is mapped alone.
+TYPED_TEST_P(DeviceConformance, DriverRuleReleasedHandleLivesUntilItsLastMappingGoes) {
+  // cuMemRelease frees the memory only "when all outstanding mappings to the memory are
+  // unmapped"; the released handle itself can no longer be mapped.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  const MemoryInfo before = this->memory();
+  void* first = this->reserve(2 * granule);
+  void* second = this->reserve(4 * granule);
+  const PhysicalHandle handle = this->create_physical(2 * granule);
+  ASSERT_EQ(device.map(first, handle), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(second, handle), Status::ok) << device.last_error();
+
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  this->expect_taken(before, 2 * granule, "released, still mapped twice");
+  EXPECT_EQ(device.map(bytes_at(second, 2 * granule), handle), Status::invalid_argument)
+      << "a released handle cannot be mapped again";
+  EXPECT_EQ(device.release_physical(handle), Status::invalid_argument) << "released twice";
+  EXPECT_EQ(device.unmap(first, 2 * granule), Status::ok) << device.last_error();
+  this->expect_taken(before, 2 * granule, "released, still mapped once");
+  EXPECT_EQ(device.unmap(second, 2 * granule), Status::ok) << device.last_error();
+  this->expect_returned(before, "the last mapping is gone");
+  EXPECT_EQ(device.release_reservation(first, 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(second, 4 * granule), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleMapOutsideOneReservationIsInvalid) {
+  // cuMemMap's range "must be an address reservation previously reserved with
+  // cuMemAddressReserve": not past its end, not in a segment, not in a released one.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(3 * granule);
+  void* segment = this->allocate(2 * granule);
+  const PhysicalHandle handle = this->create_physical(2 * granule);
+  EXPECT_EQ(device.map(bytes_at(va, 2 * granule), handle), Status::invalid_argument)
+      << "past the end of the reservation";
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.map(segment, handle), Status::invalid_argument) << "inside a segment";
+  // A run that would cross the end of its reservation maps nothing.
+  const PhysicalHandle run[] = {handle, handle};
+  EXPECT_EQ(device.map_run(va, run, 2), Status::invalid_argument) << "a run past the end";
+  ASSERT_EQ(device.release_reservation(va, 3 * granule), Status::ok) << "the failed maps mapped";
+  EXPECT_EQ(device.map(va, handle), Status::invalid_argument) << "in a released reservation";
+  EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
+  EXPECT_EQ(device.deallocate(segment), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleMapOverAMappingIsInvalid) {
+  // "cuMemMap can only create mappings on VA range reservations that are not currently mapped".
   if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
   Device& device = this->device();
   const std::size_t granule = this->granule();
   void* va = this->reserve(4 * granule);
-  const PhysicalHandle handle = this->create_physical(4 * granule);
-  ASSERT_EQ(device.map(va, 4 * granule, handle, 0), Status::ok) << device.last_error();
-  EXPECT_EQ(device.unmap(bytes_at(va, granule), granule), Status::invalid_argument);
+  const PhysicalHandle mapped = this->create_physical(2 * granule);
+  const PhysicalHandle other = this->create_physical(2 * granule);
+  ASSERT_EQ(device.map(bytes_at(va, granule), mapped), Status::ok) << device.last_error();
+  EXPECT_EQ(device.map(bytes_at(va, granule), other), Status::invalid_argument) << "the same range";
   EXPECT_FALSE(device.last_error().empty());
-  EXPECT_EQ(device.unmap(va, 2 * granule), Status::invalid_argument);
-  EXPECT_EQ(device.unmap(bytes_at(va, 2 * granule), 2 * granule), Status::invalid_argument);
-  EXPECT_EQ(device.unmap(va, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.map(va, other), Status::invalid_argument) << "its first granule";
+  EXPECT_EQ(device.map(bytes_at(va, 2 * granule), other), Status::invalid_argument)
+      << "its last granule";
+  EXPECT_EQ(device.unmap(bytes_at(va, granule), 2 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(mapped), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_physical(other), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleMisalignedMapIsInvalid) {
+  // cuMemMap's address must be a multiple of the granularity.
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(4 * granule);
+  const PhysicalHandle handle = this->create_physical(2 * granule);
+
+  EXPECT_EQ(device.map(bytes_at(va, 256), handle), Status::invalid_argument);
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.map(bytes_at(va, granule / 2), handle), Status::invalid_argument);
+  // Nothing was mapped by the failed calls: the whole range can still be mapped and unmapped.
+  EXPECT_EQ(device.map(va, handle), Status::ok) << device.last_error();
+  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
   EXPECT_EQ(device.release_physical(handle), Status::ok);
   EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok);
+}
+
+TYPED_TEST_P(DeviceConformance, DriverRuleReservationIsFreedWholeOnly) {
+  // cuMemAddressFree: "The size must match what was given to memAddressReserve and the ptr given
+  // must match what was returned from memAddressReserve."
+  if (this->lacks_virtual_memory()) GTEST_SKIP() << "no virtual memory support";
+  Device& device = this->device();
+  const std::size_t granule = this->granule();
+  void* va = this->reserve(4 * granule);
+  EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::invalid_argument) << "its head";
+  EXPECT_FALSE(device.last_error().empty());
+  EXPECT_EQ(device.release_reservation(bytes_at(va, 2 * granule), 2 * granule),
+            Status::invalid_argument)
+      << "its tail";
+  EXPECT_EQ(device.release_reservation(va, 6 * granule), Status::invalid_argument) << "more";
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok) << device.last_error();
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::invalid_argument) << "twice";
 }
 
 TYPED_TEST_P(DeviceConformance, SynchronisesAStreamAndAnEventBeforeUnmapping) {
@@ -460,7 +653,7 @@ TYPED_TEST_P(DeviceConformance, SynchronisesAStreamAndAnEventBeforeUnmapping) {
   const Event event = this->create_event();
   void* va = this->reserve(2 * granule);
   const PhysicalHandle handle = this->create_physical(2 * granule);
-  ASSERT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(va, handle), Status::ok) << device.last_error();
   ASSERT_EQ(device.record_event(event, stream), Status::ok) << device.last_error();
   const Status queried = device.query_event(event);
   EXPECT_TRUE(queried == Status::ok || queried == Status::not_ready) << to_string(queried);
@@ -493,11 +686,10 @@ TYPED_TEST_P(DeviceConformance, AFailedVirtualMemoryCallLeavesNothingBehind) {
   handle = this->create_physical(2 * granule);
 
   ASSERT_TRUE(this->fail_next(DeviceOp::map));
-  EXPECT_NE(device.map(va, 2 * granule, handle, 0), Status::ok);
+  EXPECT_NE(device.map(va, handle), Status::ok);
   EXPECT_EQ(device.unmap(va, 2 * granule), Status::invalid_argument) << "a failed map mapped";
-  EXPECT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(bytes_at(va, 2 * granule), 2 * granule, handle, 0), Status::ok)
-      << device.last_error();
+  EXPECT_EQ(device.map(va, handle), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(bytes_at(va, 2 * granule), handle), Status::ok) << device.last_error();
 
   ASSERT_TRUE(this->fail_next(DeviceOp::unmap));
   EXPECT_NE(device.unmap(va, 4 * granule), Status::ok);
@@ -507,7 +699,7 @@ TYPED_TEST_P(DeviceConformance, AFailedVirtualMemoryCallLeavesNothingBehind) {
 
   ASSERT_TRUE(this->fail_next(DeviceOp::release_physical));
   EXPECT_NE(device.release_physical(handle), Status::ok);
-  EXPECT_EQ(device.map(va, 2 * granule, handle, 0), Status::ok) << "the handle must still live";
+  EXPECT_EQ(device.map(va, handle), Status::ok) << "the handle must still live";
   EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
   EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
 
@@ -596,12 +788,17 @@ REGISTER_TYPED_TEST_SUITE_P(
     FreeMemoryDropsOnAllocateAndReturnsOnDeallocate,
     TooLargeAllocationIsOutOfMemoryAndLeavesNothingBehind,
     DeallocateOfABadPointerIsInvalidAndChangesNothing, VirtualMemoryRoundTrip,
-    ReleasedPhysicalMemoryReturnsWithItsLastMapping, MisalignedMapIsInvalid,
+    CreatedHandleKnowsItsSize, MapOfAHandleClaimingMoreThanItsSizeIsInvalid,
     ReleasingAReservationWithMappingsIsInvalid, ReservesLargeRangesThatNeverOverlapAndTakeNoMemory,
-    CreatesPhysicalHandlesOfSeveralSizes, MapsRunsOfGranulesAtOffsetsInsideAHandle,
-    MapsARunOfPiecesAllOrNothingAndUnmapsEachAlone,
-    MapsOneHandleAtSeveralAddressesUntilTheLastMappingGoes,
-    UnmapsPartOfWhatWasMappedAsSeparateCalls, UnmappingPartOfOneMappingIsInvalidAndChangesNothing,
+    CreatesPhysicalHandlesOfSeveralSizes, DriverRuleMapOfAWholeHandleAtOffsetZeroSucceeds,
+    DriverRuleMapOfPartOfAHandleIsNotSupportedAndMapsNothing,
+    DriverRuleUnmapThatCutsAMappingIsInvalidAndChangesNothing,
+    DriverRuleUnmapOverAHoleIsInvalidAndChangesNothing,
+    DriverRuleOneHandleMapsAtTwoAddressesAsTheSameMemory,
+    DriverRuleAccessAndUnmapCoverSeveralWholeMappings, DriverRuleMapRunIsAllOrNothing,
+    DriverRuleReleasedHandleLivesUntilItsLastMappingGoes,
+    DriverRuleMapOutsideOneReservationIsInvalid, DriverRuleMapOverAMappingIsInvalid,
+    DriverRuleMisalignedMapIsInvalid, DriverRuleReservationIsFreedWholeOnly,
     SynchronisesAStreamAndAnEventBeforeUnmapping, AFailedVirtualMemoryCallLeavesNothingBehind,
     AFailedEventOrStreamCallCanBeRetried, RecordedEventOnAnIdleStreamCompletes,
     EventsWorkOnTheDefaultStreamAndCanBeReRecorded, StreamWaitEventAndSynchronizationSucceed,

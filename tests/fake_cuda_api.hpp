@@ -12,8 +12,13 @@
 //   - events: real handles, the flags they were created with, pending work: an event recorded on
 //     a stream marked busy reads cudaErrorNotReady until that stream, the event or the device
 //     is synchronised;
-//   - the driver's virtual memory with the driver's own rules: cuMemUnmap takes exactly one
-//     earlier mapping, memory of a released handle returns with its last mapping;
+//   - the driver's virtual memory with the driver's own rules and result codes, as measured on an
+//     H200 (../shared/reference/vmm-and-planning.md, section 4) and documented: cuMemMap maps a
+//     handle only whole, at offset 0 (a non-zero offset or a size other than the handle's is
+//     CUDA_ERROR_NOT_SUPPORTED), inside one reservation and over nothing mapped; a handle may be
+//     mapped at several addresses; cuMemSetAccess and cuMemUnmap take a range of whole mappings
+//     side by side (a hole or part of a mapping is CUDA_ERROR_INVALID_VALUE); memory of a
+//     released handle returns with its last mapping;
 //   - entry points found by name through cudaGetDriverEntryPointByVersion;
 //   - the runtime's last-error slot;
 //   - failure injection: the next call(s) of a named function return a chosen error;
@@ -27,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -406,6 +412,7 @@ inline CUresult cu_mem_address_reserve(CUdeviceptr* ptr, std::size_t size, std::
   if (size == 0 || size % s.granularity != 0 || address != 0 || flags != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  if (alignment == 0) alignment = s.granularity;  // the driver's default
   const std::uintptr_t base = (s.next_reservation + alignment - 1) / alignment * alignment;
   s.next_reservation = base + size;
   s.reservations.emplace(base, size);
@@ -450,20 +457,38 @@ inline CUresult cu_mem_release(CUmemGenericAllocationHandle handle) {
   return CUDA_SUCCESS;
 }
 
+/// Whether [ptr, ptr + size) lies inside one reservation.
+inline bool inside_one_reservation(CUdeviceptr ptr, std::size_t size) {
+  const auto& reservations = state().reservations;
+  auto next = reservations.upper_bound(ptr);
+  if (next == reservations.begin()) return false;
+  --next;
+  return ptr - next->first < next->second && next->second - (ptr - next->first) >= size;
+}
+
 inline CUresult cu_mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset,
                            CUmemGenericAllocationHandle handle, unsigned long long flags) {
-  CISTERN_FAKE_DRIVER("cuMemMap", hex(ptr) + " " + std::to_string(size), true);
+  CISTERN_FAKE_DRIVER("cuMemMap",
+                      hex(ptr) + " " + std::to_string(size) + " offset=" + std::to_string(offset),
+                      true);
   FakeCuda& s = state();
   const auto found = s.physical.find(handle);
-  if (found == s.physical.end() || found->second.released || flags != 0 ||
-      offset + size > found->second.bytes) {
+  if (found == s.physical.end() || found->second.released || flags != 0 || size == 0 ||
+      offset > found->second.bytes || size > found->second.bytes - offset) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (ptr % s.granularity != 0 || size % s.granularity != 0 || size == 0) {
+  if (ptr % s.granularity != 0 || size % s.granularity != 0 || offset % s.granularity != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // The H200's answer to a map at an offset into a handle, or of part of one: a handle is mapped
+  // whole or not at all.
+  if (offset != 0 || size != found->second.bytes) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!inside_one_reservation(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
   const auto next = s.mappings.lower_bound(ptr);
   if (next != s.mappings.end() && next->first < ptr + size) return CUDA_ERROR_INVALID_VALUE;
+  if (next != s.mappings.begin() && std::prev(next)->first + std::prev(next)->second.bytes > ptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   ++found->second.mappings;
   s.mappings.emplace(ptr, FakeMapping{size, handle, false, {}});
   return CUDA_SUCCESS;
@@ -473,10 +498,11 @@ inline CUresult cu_mem_unmap(CUdeviceptr ptr, std::size_t size) {
   CISTERN_FAKE_DRIVER("cuMemUnmap", hex(ptr) + " " + std::to_string(size), true);
   // The driver's rule: whole earlier mappings side by side (never part of one), all or nothing.
   FakeCuda& s = state();
+  if (size == 0) return CUDA_ERROR_INVALID_VALUE;
   const CUdeviceptr end = ptr + size;
   auto it = s.mappings.find(ptr);
   for (CUdeviceptr at = ptr; at < end; at += (it++)->second.bytes) {
-    if (size == 0 || it == s.mappings.end() || it->first != at || at + it->second.bytes > end) {
+    if (it == s.mappings.end() || it->first != at || at + it->second.bytes > end) {
       return CUDA_ERROR_INVALID_VALUE;
     }
   }

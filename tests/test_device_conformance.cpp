@@ -28,6 +28,7 @@ struct SimFactoryOf {
     static_cast<SimDevice&>(device).fail_nth(op, 1, Status::device_error);
     return true;
   }
+  static constexpr std::size_t kFreeMemoryDriftGranules = 0;  // exact accounting
 };
 
 // Named types (not aliases), so that CTest's test names read

@@ -144,10 +144,9 @@ class SegmentLog final : public ForwardingDevice {
  public:
   explicit SegmentLog(Device& device) : ForwardingDevice(device) {}
 
-  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
-             std::size_t offset) noexcept override {
-    const Status status = upstream().map(va, bytes, handle, offset);
-    if (status == Status::ok) note(Kind::map, va, bytes);
+  Status map(void* va, PhysicalHandle handle) noexcept override {
+    const Status status = upstream().map(va, handle);
+    if (status == Status::ok) note(Kind::map, va, handle.bytes);
     return status;
   }
   Status unmap(void* va, std::size_t bytes) noexcept override {

@@ -80,6 +80,7 @@ struct ForwardingFactory {
     static_cast<ThroughAdaptors&>(device).sim().fail_nth(op, 1, Status::device_error);
     return true;
   }
+  static constexpr std::size_t kFreeMemoryDriftGranules = 0;  // a SimDevice below
 };
 
 struct MeteredFactory {
@@ -93,6 +94,7 @@ struct MeteredFactory {
     static_cast<MeteredStack&>(device).sim().fail_nth(op, 1, Status::device_error);
     return true;
   }
+  static constexpr std::size_t kFreeMemoryDriftGranules = 0;  // a SimDevice below
 };
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Forwarding, DeviceConformance, ::testing::Types<ForwardingFactory>);
@@ -136,7 +138,7 @@ class PageAllocator {
     for (std::size_t i = 0; i < pages; ++i) {
       PhysicalHandle handle;
       EXPECT_EQ(device_.create_physical(page, &handle), Status::ok);
-      EXPECT_EQ(device_.map(static_cast<char*>(r.va) + i * page, page, handle, 0), Status::ok);
+      EXPECT_EQ(device_.map(static_cast<char*>(r.va) + i * page, handle), Status::ok);
       r.handles.push_back(handle);
     }
     requests_.push_back(r);
@@ -221,27 +223,30 @@ TEST(MeteredDevice, PricesAHandlePerCallAndBySizeAndAFailedCallAtItsFixedCost) {
   EXPECT_EQ(meter.calls().releases, 1u);
 }
 
-TEST(MeteredDevice, PricesAMapRunAsAMapPerPieceAndOneAccess) {
+TEST(MeteredDevice, PricesAMapRunAsAMapPerHandleAndOneAccess) {
   SimDevice sim(small_sim());
   MeteredDevice meter(sim, distinct_costs());
   void* va = nullptr;
   ASSERT_EQ(meter.reserve(8 * MiB, 0, &va), Status::ok);
   PhysicalHandle big;
   PhysicalHandle small;
-  ASSERT_EQ(meter.create_physical(4 * MiB, &big), Status::ok);
+  PhysicalHandle last;
   ASSERT_EQ(meter.create_physical(2 * MiB, &small), Status::ok);
+  ASSERT_EQ(meter.create_physical(4 * MiB, &big), Status::ok);
+  ASSERT_EQ(meter.create_physical(2 * MiB, &last), Status::ok);
   const double before = meter.calls().ns;
-  const MapPiece pieces[] = {{big, 2 * MiB, 2 * MiB}, {small, 0, 2 * MiB}, {big, 0, 2 * MiB}};
-  ASSERT_EQ(meter.map_run(va, pieces, 3), Status::ok);
+  const PhysicalHandle handles[] = {small, big, last};
+  ASSERT_EQ(meter.map_run(va, handles, 3), Status::ok);
   EXPECT_EQ(meter.calls().maps, 3u);
   EXPECT_DOUBLE_EQ(meter.calls().ns - before, 3 * 100 + 300);
-  // Each piece is a mapping of its own: the middle one unmaps alone.
-  EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 2 * MiB, 2 * MiB), Status::ok);
+  // Each handle is a mapping of its own: the middle one unmaps alone.
+  EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 2 * MiB, 4 * MiB), Status::ok);
   EXPECT_EQ(meter.unmap(va, 2 * MiB), Status::ok);
-  EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 4 * MiB, 2 * MiB), Status::ok);
+  EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 6 * MiB, 2 * MiB), Status::ok);
   EXPECT_EQ(meter.calls().unmaps, 3u);
   ASSERT_EQ(meter.release_physical(big), Status::ok);
   ASSERT_EQ(meter.release_physical(small), Status::ok);
+  ASSERT_EQ(meter.release_physical(last), Status::ok);
   ASSERT_EQ(meter.release_reservation(va, 8 * MiB), Status::ok);
   EXPECT_EQ(sim.used_bytes(), 0u);
 }
@@ -251,11 +256,11 @@ TEST(MeteredDevice, PricesAnUnmapOfSeveralMappingsAsOneCallAndEachFurtherMapping
   MeteredDevice meter(sim, distinct_costs());
   void* va = nullptr;
   ASSERT_EQ(meter.reserve(8 * MiB, 0, &va), Status::ok);
-  PhysicalHandle handle;
-  ASSERT_EQ(meter.create_physical(8 * MiB, &handle), Status::ok);
-  const MapPiece pieces[] = {
-      {handle, 0, 2 * MiB}, {handle, 2 * MiB, 2 * MiB}, {handle, 4 * MiB, 4 * MiB}};
-  ASSERT_EQ(meter.map_run(va, pieces, 3), Status::ok);
+  PhysicalHandle handles[3];
+  ASSERT_EQ(meter.create_physical(2 * MiB, &handles[0]), Status::ok);
+  ASSERT_EQ(meter.create_physical(2 * MiB, &handles[1]), Status::ok);
+  ASSERT_EQ(meter.create_physical(4 * MiB, &handles[2]), Status::ok);
+  ASSERT_EQ(meter.map_run(va, handles, 3), Status::ok);
   const double before = meter.calls().ns;
   // The first two mappings in one call: its price and one further mapping.
   ASSERT_EQ(meter.unmap(va, 4 * MiB), Status::ok);
@@ -268,7 +273,7 @@ TEST(MeteredDevice, PricesAnUnmapOfSeveralMappingsAsOneCallAndEachFurtherMapping
   ASSERT_EQ(meter.unmap(static_cast<char*>(va) + 4 * MiB, 4 * MiB), Status::ok);
   EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 30 + 200 + 200);
   EXPECT_EQ(meter.calls().unmaps, 2u);
-  ASSERT_EQ(meter.release_physical(handle), Status::ok);
+  for (const PhysicalHandle handle : handles) ASSERT_EQ(meter.release_physical(handle), Status::ok);
   ASSERT_EQ(meter.release_reservation(va, 8 * MiB), Status::ok);
   EXPECT_EQ(sim.used_bytes(), 0u);
 }

@@ -566,7 +566,7 @@ TEST(SimDevice, CountersCountEveryContractCall) {
   ASSERT_EQ(device.deallocate(segment), Status::ok);
   void* va = reserve(device, 2 * MiB);
   const PhysicalHandle handle = create_physical(device, 2 * MiB);
-  ASSERT_EQ(device.map(va, 2 * MiB, handle, 0), Status::ok);
+  ASSERT_EQ(device.map(va, handle), Status::ok);
   ASSERT_EQ(device.unmap(va, 2 * MiB), Status::ok);
   ASSERT_EQ(device.release_physical(handle), Status::ok);
   ASSERT_EQ(device.release_reservation(va, 2 * MiB), Status::ok);
@@ -625,7 +625,7 @@ TEST(SimDevice, ReleaseReservationMustNameAWholeUnmappedReservation) {
             Status::invalid_argument);
   EXPECT_EQ(device.release_reservation(segment, 2 * MiB), Status::invalid_argument);
   const PhysicalHandle handle = create_physical(device, 2 * MiB);
-  ASSERT_EQ(device.map(static_cast<char*>(va) + 2 * MiB, 2 * MiB, handle, 0), Status::ok);
+  ASSERT_EQ(device.map(static_cast<char*>(va) + 2 * MiB, handle), Status::ok);
   EXPECT_EQ(device.release_reservation(va, 4 * MiB), Status::invalid_argument);
   EXPECT_THAT(device.last_error(), HasSubstr("still has mappings"));
   ASSERT_EQ(device.unmap(static_cast<char*>(va) + 2 * MiB, 2 * MiB), Status::ok);
@@ -640,18 +640,19 @@ TEST(SimDevice, PhysicalMemoryIsChargedUntilReleasedAndUnmapped) {
   const PhysicalHandle handle = create_physical(device, 4 * MiB);
   EXPECT_EQ(device.used_bytes(), 4 * MiB);
   EXPECT_EQ(device.live_physical(), 1u);
-  // The same memory mapped twice: two references to one handle.
-  ASSERT_EQ(device.map(base, 4 * MiB, handle, 0), Status::ok);
-  ASSERT_EQ(device.map(base + 4 * MiB, 2 * MiB, handle, 2 * MiB), Status::ok);
+  // The same memory mapped twice: two references to one handle, charged once.
+  ASSERT_EQ(device.map(base, handle), Status::ok);
+  ASSERT_EQ(device.map(base + 4 * MiB, handle), Status::ok);
+  EXPECT_EQ(device.used_bytes(), 4 * MiB);
 
   ASSERT_EQ(device.unmap(base, 4 * MiB), Status::ok);
   EXPECT_EQ(device.used_bytes(), 4 * MiB) << "not released yet";
   ASSERT_EQ(device.release_physical(handle), Status::ok);
   EXPECT_EQ(device.used_bytes(), 4 * MiB) << "released but still mapped";
   EXPECT_EQ(device.live_physical(), 1u);
-  EXPECT_EQ(device.map(base, 2 * MiB, handle, 0), Status::invalid_argument) << "handle released";
+  EXPECT_EQ(device.map(base, handle), Status::invalid_argument) << "handle released";
   EXPECT_EQ(device.release_physical(handle), Status::invalid_argument) << "double release";
-  ASSERT_EQ(device.unmap(base + 4 * MiB, 2 * MiB), Status::ok);
+  ASSERT_EQ(device.unmap(base + 4 * MiB, 4 * MiB), Status::ok);
   EXPECT_EQ(device.used_bytes(), 0u);
   EXPECT_EQ(device.live_physical(), 0u);
   EXPECT_EQ(device.peak_used_bytes(), 4 * MiB);
@@ -668,6 +669,7 @@ TEST(SimDevice, CreatePhysicalChecksSizeAndCapacity) {
   EXPECT_THAT(device.last_error(), HasSubstr("4.00 MiB free of 8.00 MiB"));
   const PhysicalHandle fits = create_physical(device, 4 * MiB);
   EXPECT_NE(fits.handle, 0u);
+  EXPECT_EQ(fits.bytes, 4 * MiB);
   EXPECT_EQ(device.used_bytes(), 8 * MiB);
 }
 
@@ -677,22 +679,33 @@ TEST(SimDevice, MapChecksRangeHandleAndOverlap) {
   char* second = static_cast<char*>(reserve(device, 4 * MiB));
   ASSERT_EQ(second, first + 4 * MiB) << "adjacent reservations, to test a straddling map";
   const PhysicalHandle handle = create_physical(device, 4 * MiB);
+  const PhysicalHandle small = create_physical(device, 2 * MiB);
 
-  EXPECT_EQ(device.map(first + 2 * MiB, 4 * MiB, handle, 0), Status::invalid_argument)
+  EXPECT_EQ(device.map(first + 2 * MiB, handle), Status::invalid_argument)
       << "straddles two reservations";
   EXPECT_THAT(device.last_error(), HasSubstr("not inside one reservation"));
-  EXPECT_EQ(device.map(first, 2 * MiB, handle, 4 * MiB), Status::invalid_argument)
-      << "offset past the handle";
-  EXPECT_EQ(device.map(first, 4 * MiB, handle, 2 * MiB), Status::invalid_argument);
-  EXPECT_EQ(device.map(first, 2 * MiB, handle, MiB), Status::invalid_argument) << "odd offset";
-  EXPECT_EQ(device.map(first, 2 * MiB, PhysicalHandle{99}, 0), Status::invalid_argument);
-  EXPECT_EQ(device.map(pointer(kBase + GiB), 2 * MiB, handle, 0), Status::invalid_argument)
-      << "not reserved";
+  const PhysicalHandle across[] = {small, small, small};
+  EXPECT_EQ(device.map_run(first + 2 * MiB, across, 3), Status::invalid_argument)
+      << "a run that straddles two reservations";
+  EXPECT_EQ(device.map(first + 2 * MiB, small), Status::ok) << "the run left nothing mapped";
+  ASSERT_EQ(device.unmap(first + 2 * MiB, 2 * MiB), Status::ok);
+  EXPECT_EQ(device.map(first, PhysicalHandle{handle.handle, 2 * MiB}), Status::not_supported)
+      << "part of the handle";
+  EXPECT_THAT(device.last_error(), HasSubstr("mapped only whole"));
+  EXPECT_EQ(device.map(first, PhysicalHandle{handle.handle, 0}), Status::not_supported);
+  EXPECT_EQ(device.map(first, PhysicalHandle{handle.handle, 6 * MiB}), Status::invalid_argument)
+      << "more than the handle";
+  EXPECT_EQ(device.map(first, PhysicalHandle{99, 2 * MiB}), Status::invalid_argument);
+  EXPECT_THAT(device.last_error(), HasSubstr("unknown or released physical handle"));
+  EXPECT_EQ(device.map(first + MiB, small), Status::invalid_argument) << "misaligned";
+  EXPECT_EQ(device.map(pointer(kBase + GiB), small), Status::invalid_argument) << "not reserved";
 
-  ASSERT_EQ(device.map(first, 4 * MiB, handle, 0), Status::ok);
-  EXPECT_EQ(device.map(first + 2 * MiB, 2 * MiB, handle, 0), Status::invalid_argument);
+  ASSERT_EQ(device.map(first, handle), Status::ok);
+  EXPECT_EQ(device.map(first + 2 * MiB, small), Status::invalid_argument);
   EXPECT_THAT(device.last_error(), HasSubstr("already mapped"));
   ASSERT_EQ(device.unmap(first, 4 * MiB), Status::ok);
+  const SimCounters counters = device.counters();
+  EXPECT_EQ(counters.failed(DeviceOp::map), 9u) << "every refusal is a failed call";
 }
 
 TEST(SimDevice, UnmapMustCoverWholeMappingsExactly) {
@@ -700,8 +713,8 @@ TEST(SimDevice, UnmapMustCoverWholeMappingsExactly) {
   char* va = static_cast<char*>(reserve(device, 8 * MiB));
   const PhysicalHandle low = create_physical(device, 2 * MiB);
   const PhysicalHandle high = create_physical(device, 4 * MiB);
-  ASSERT_EQ(device.map(va, 2 * MiB, low, 0), Status::ok);
-  ASSERT_EQ(device.map(va + 2 * MiB, 4 * MiB, high, 0), Status::ok);
+  ASSERT_EQ(device.map(va, low), Status::ok);
+  ASSERT_EQ(device.map(va + 2 * MiB, high), Status::ok);
 
   EXPECT_EQ(device.unmap(va + 2 * MiB, 2 * MiB), Status::invalid_argument) << "part of one";
   EXPECT_THAT(device.last_error(), HasSubstr("would unmap part of the mapping"));
@@ -729,7 +742,7 @@ TEST(SimDevice, VirtualMemoryCanBeSwitchedOff) {
   EXPECT_EQ(device.release_reservation(pointer(kBase), 2 * MiB), Status::not_supported);
   EXPECT_EQ(device.create_physical(2 * MiB, &handle), Status::not_supported);
   EXPECT_EQ(device.release_physical(handle), Status::not_supported);
-  EXPECT_EQ(device.map(pointer(kBase), 2 * MiB, handle, 0), Status::not_supported);
+  EXPECT_EQ(device.map(pointer(kBase), handle), Status::not_supported);
   EXPECT_EQ(device.unmap(pointer(kBase), 2 * MiB), Status::not_supported);
   EXPECT_EQ(device.used_bytes(), 0u);
 }

@@ -100,8 +100,7 @@ class CudaDevice : public Device {
   Status release_reservation(void* va, std::size_t bytes) noexcept override;
   Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept override;
   Status release_physical(PhysicalHandle handle) noexcept override;
-  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
-             std::size_t offset) noexcept override;
+  Status map(void* va, PhysicalHandle handle) noexcept override;
   Status unmap(void* va, std::size_t bytes) noexcept override;
   Status create_event(Event* event) noexcept override;
   Status destroy_event(Event event) noexcept override;
@@ -134,9 +133,14 @@ class CudaDevice : public Device {
 
 /// `CudaDevice` plus the driver's virtual-memory API: `reserve`, `create_physical`, `map` (with
 /// read-write access for this device), `unmap` and the releases, in units of the driver's
-/// minimum allocation granularity. Reservations, physical handles and mappings are tracked, so
-/// that a misaligned, overlapping or unknown range is refused with `invalid_argument` before the
-/// driver sees it. Thread-safe.
+/// minimum allocation granularity, with the driver's rules: a handle is mapped only whole, at
+/// offset 0 (one `cuMemMap` of `handle.bytes`, one `cuMemSetAccess`), at one or several
+/// addresses; `map_run` is one `cuMemMap` per handle and one `cuMemSetAccess` over the run; an
+/// `unmap` takes whole mappings, several side by side in one `cuMemUnmap`. Reservations,
+/// physical handles and mappings are tracked, so that what the driver would refuse is refused
+/// before it sees it: a handle claiming less than its size with `not_supported` (the driver's
+/// CUDA_ERROR_NOT_SUPPORTED), a misaligned, overlapping or unreserved range or an unknown handle
+/// with `invalid_argument`. Thread-safe.
 class CudaVmmDevice final : public CudaDevice {
  public:
   /// Opens the device and the driver's virtual-memory functions. Throws as `CudaDevice` does,
@@ -157,9 +161,8 @@ class CudaVmmDevice final : public CudaDevice {
   Status release_reservation(void* va, std::size_t bytes) noexcept override;
   Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept override;
   Status release_physical(PhysicalHandle handle) noexcept override;
-  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
-             std::size_t offset) noexcept override;
-  Status map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept override;
+  Status map(void* va, PhysicalHandle handle) noexcept override;
+  Status map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept override;
   Status unmap(void* va, std::size_t bytes) noexcept override;
 
   /// Live reservations, physical handles (not yet released) and mappings.

@@ -13,14 +13,20 @@
 //   live segment, or `out_of_memory` leaving nothing behind. The backend charges its capacity in
 //   whole units of `granularity()` (2 MiB on current GPUs). `deallocate` is device-synchronising,
 //   as `cudaFree` is: all work on all streams completes before the memory is returned.
-// * Virtual memory (optional, `supports_virtual_memory()`). `reserve` takes address space only;
-//   `create_physical` takes capacity; `map` backs [va, va+bytes) of a reservation with physical
-//   memory from `offset` of a handle and makes it accessible; `unmap` removes mappings. Sizes,
-//   addresses and offsets are multiples of `granularity()`. `map_run` maps several pieces side
-//   by side and makes the run accessible at once (PyTorch's expansion of a segment); each piece
-//   stays a mapping of its own for `unmap`. A physical handle may be released
-//   while mapped; its memory returns to the device only when the last mapping is gone (as with
-//   `cuMemRelease`).
+// * Virtual memory (optional, `supports_virtual_memory()`), with the CUDA driver's rules (each one
+//   a conformance test that the simulated, the fake-driver and the real backend all run).
+//   `reserve` takes address space only; `create_physical` takes capacity and returns a handle
+//   that knows its size. `map` maps a handle whole, at offset 0, at a granule-aligned address of
+//   one reservation, and makes it accessible: the driver refuses a map of part of a handle or at
+//   an offset into it (CUDA_ERROR_NOT_SUPPORTED), so the contract offers neither. One handle may
+//   be mapped at several addresses at once (the same memory seen twice). `map_run` maps several
+//   handles side by side and makes the run accessible in one step (PyTorch's expansion of a
+//   segment); each stays a mapping of its own. `unmap` covers whole mappings only - one or
+//   several side by side - and refuses a range that would cut one (CUDA_ERROR_INVALID_VALUE): a
+//   handle is the smallest unit that can be unmapped. A physical handle may be released while
+//   mapped; its memory returns to the device only when the last mapping is gone (as with
+//   `cuMemRelease`). `unmap` does not wait for work that still uses the memory (neither does
+//   `cuMemUnmap`): the caller synchronises first.
 // * Streams and events. Work submitted to a stream runs in order. `record_event(e, s)` captures
 //   the work submitted to `s` so far; `query_event(e)` returns `ok` once it has completed and
 //   `not_ready` before; `synchronize_event` blocks the host until it has. `stream_wait_event(s, e)`
@@ -43,13 +49,6 @@ enum class Status : int {
   invalid_argument,  ///< a precondition was violated (bad pointer, misaligned size, ...)
   not_supported,     ///< the backend does not implement the operation
   device_error,      ///< any other failure (driver error, device lost, ...)
-};
-
-/// One piece of a `Device::map_run`: `bytes` of `handle` from `offset`.
-struct MapPiece {
-  PhysicalHandle handle;
-  std::size_t offset = 0;
-  std::size_t bytes = 0;
 };
 
 /// The name of a status, e.g. "out_of_memory".
@@ -127,15 +126,19 @@ class Device {
   virtual Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept = 0;
   /// Releases a physical handle; memory returns once no mapping uses it.
   virtual Status release_physical(PhysicalHandle handle) noexcept = 0;
-  /// Maps `bytes` of `handle` starting at `offset` to `va` and makes it accessible.
-  virtual Status map(void* va, std::size_t bytes, PhysicalHandle handle,
-                     std::size_t offset) noexcept = 0;
-  /// Maps `count` pieces one after another from `va` - each a mapping of its own, to be unmapped
-  /// alone later - and makes the whole run accessible in one step: one cuMemMap per piece and one
-  /// cuMemSetAccess over the run, as PyTorch grows an expandable segment. All or nothing: on
-  /// failure none of the pieces is mapped. The default maps piece by piece through `map`.
-  virtual Status map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept;
-  /// Unmaps [va, va+bytes), which must be exactly covered by earlier mappings.
+  /// Maps the whole of `handle` - [va, va + handle.bytes), from its offset 0 - into a
+  /// reservation and makes it accessible (one cuMemMap and one cuMemSetAccess). A handle whose
+  /// `bytes` is not its size is refused: `not_supported` when smaller (the driver maps no part
+  /// of a handle), `invalid_argument` otherwise.
+  virtual Status map(void* va, PhysicalHandle handle) noexcept = 0;
+  /// Maps `count` handles whole, one after another from `va` - each a mapping of its own - and
+  /// makes the whole run accessible in one step: one cuMemMap per handle and one cuMemSetAccess
+  /// over the run, as PyTorch grows an expandable segment (the access grant still costs per
+  /// mapping it covers on current drivers). All or nothing: on failure none is mapped. The
+  /// default maps handle by handle through `map`.
+  virtual Status map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept;
+  /// Unmaps [va, va+bytes), which must be exactly covered by whole earlier mappings; a range that
+  /// would cut a mapping is `invalid_argument` and changes nothing.
   virtual Status unmap(void* va, std::size_t bytes) noexcept = 0;
 
   // --- streams and events ------------------------------------------------------------------------

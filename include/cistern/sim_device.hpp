@@ -70,8 +70,8 @@ class SimDevice final : public Device {
   Status release_reservation(void* va, std::size_t bytes) noexcept override;
   Status create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept override;
   Status release_physical(PhysicalHandle handle) noexcept override;
-  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
-             std::size_t offset) noexcept override;
+  Status map(void* va, PhysicalHandle handle) noexcept override;
+  Status map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept override;
   Status unmap(void* va, std::size_t bytes) noexcept override;
   Status create_event(Event* event) noexcept override;
   Status destroy_event(Event event) noexcept override;

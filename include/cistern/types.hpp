@@ -52,10 +52,12 @@ struct Event {
   friend constexpr bool operator!=(Event a, Event b) noexcept { return a.handle != b.handle; }
 };
 
-/// An opaque handle to physical memory created by `Device::create_physical` (a
-/// `CUmemGenericAllocationHandle` on the VMM backend).
+/// Physical memory created by `Device::create_physical`: an opaque handle (a
+/// `CUmemGenericAllocationHandle` on the VMM backend) and its size. The driver maps a handle only
+/// whole, so the size travels with it: `Device::map` takes the handle and nothing else.
 struct PhysicalHandle {
   std::uint64_t handle = 0;
+  std::size_t bytes = 0;  ///< the size it was created with (a multiple of the granularity)
   friend constexpr bool operator==(PhysicalHandle a, PhysicalHandle b) noexcept {
     return a.handle == b.handle;
   }

@@ -195,7 +195,7 @@ class CachingAllocator::Impl {
   bool obtain_pages(const detail::StreamPool& pool, const detail::Segment& seg, std::size_t n,
                     std::uintptr_t lo, std::uintptr_t hi);
   bool map_run_of(detail::StreamPool& pool, detail::Segment& seg, std::size_t first,
-                  std::size_t end, std::vector<MapPiece>& pieces);
+                  std::size_t end, std::vector<PhysicalHandle>& pieces);
   bool create_handle(const detail::Segment& seg, std::size_t deficit, std::size_t& ceiling);
   /// Why pages are unmapped: to give memory back (empty_cache, the release of whole segments),
   /// or on the allocator's own account (HistoryEntry::reclaim).

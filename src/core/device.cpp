@@ -43,22 +43,17 @@ const char* to_string(DeviceOp op) noexcept {
   return "unknown_op";  // only reachable through a cast of an out-of-range integer
 }
 
-Status Device::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
+Status Device::map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept {
   const auto start = reinterpret_cast<std::uintptr_t>(va);
   std::uintptr_t at = start;
   for (std::size_t i = 0; i < count; ++i) {
-    const Status status =
-        map(reinterpret_cast<void*>(at), pieces[i].bytes, pieces[i].handle, pieces[i].offset);
+    const Status status = map(reinterpret_cast<void*>(at), handles[i]);
     if (status != Status::ok) {
-      // All or nothing: undo the pieces already mapped (nothing has used them yet).
-      std::uintptr_t back = start;
-      for (std::size_t j = 0; j < i; ++j) {
-        (void)unmap(reinterpret_cast<void*>(back), pieces[j].bytes);
-        back += pieces[j].bytes;
-      }
+      // All or nothing: undo the handles already mapped (nothing has used them yet).
+      if (at != start) (void)unmap(va, at - start);
       return status;
     }
-    at += pieces[i].bytes;
+    at += handles[i].bytes;
   }
   return Status::ok;
 }

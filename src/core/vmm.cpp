@@ -162,7 +162,7 @@ bool CachingAllocator::Impl::map_range(StreamPool& pool, Segment& seg, std::uint
     spare -= seg.pages[last] == Segment::kNoPage ? 1 : 0;
   }
   std::vector<PageRun> mapped;
-  std::vector<MapPiece> pieces;
+  std::vector<PhysicalHandle> pieces;
   return for_each_run(seg, first, last, /*mapped=*/false, [&](std::size_t i, std::size_t j) {
     if (!map_run_of(pool, seg, i, j, pieces)) {
       unmap_mapped_now(pool, seg, mapped);
@@ -177,15 +177,14 @@ bool CachingAllocator::Impl::map_range(StreamPool& pool, Segment& seg, std::uint
 // in one map_run. False (the pages back in the pool) when the device is out of memory; throws
 // on any other failure.
 bool CachingAllocator::Impl::map_run_of(StreamPool& pool, Segment& seg, std::size_t first,
-                                        std::size_t end, std::vector<MapPiece>& pieces) {
+                                        std::size_t end, std::vector<PhysicalHandle>& pieces) {
   pieces.clear();
   std::vector<std::uint64_t> ids;
   ids.reserve(end - first);
   for (std::size_t i = first; i < end; ++i) {
     const std::uint64_t id = page_pool_.take();
     ids.push_back(id);
-    pieces.push_back({page_pool_.handle(detail::page_slot(id)).handle,
-                      std::size_t{detail::page_index(id)} * seg.page_size, seg.page_size});
+    pieces.push_back(page_pool_.handle(detail::page_slot(id)).handle);
   }
   const Status status = device_.map_run(address(seg, first), pieces.data(), pieces.size());
   if (status != Status::ok) {
@@ -251,7 +250,10 @@ bool CachingAllocator::Impl::create_handle(const Segment& seg, std::size_t defic
   if (device_.memory_info(&info) == Status::ok) {
     ceiling = std::min(ceiling, info.free / page_size_ * page_size_);
   }
-  const std::size_t sizes[] = {preferred, std::min(preferred, needed), page_size_};
+  // The driver maps a handle only whole: until the engine places whole handles, every handle is
+  // one page, so that any page can be mapped and unmapped alone.
+  (void)preferred;
+  const std::size_t sizes[] = {page_size_};
   std::size_t tried = 0;
   for (const std::size_t bytes : sizes) {
     if (bytes == tried || bytes > ceiling || exceeds_limit(bytes)) continue;

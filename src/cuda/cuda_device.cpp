@@ -215,7 +215,7 @@ Status CudaDevice::release_physical(PhysicalHandle) noexcept {
   return unsupported_vmm(*state_, DeviceOp::release_physical);
 }
 
-Status CudaDevice::map(void*, std::size_t, PhysicalHandle, std::size_t) noexcept {
+Status CudaDevice::map(void*, PhysicalHandle) noexcept {
   return unsupported_vmm(*state_, DeviceOp::map);
 }
 

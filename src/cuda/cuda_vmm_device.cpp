@@ -5,16 +5,17 @@
 //
 // The driver's functions come from cudaGetDriverEntryPointByVersion (cuda_api.cpp). Physical
 // memory is pinned device memory of this GPU (`cuMemCreate`, no shareable handle), mapped with
-// read-write access for this GPU only. Reservations, handles and mappings are tracked here and
-// every request is checked against them first, so that the contract's `invalid_argument` cases
-// never depend on what a driver version happens to accept, and a failed call changes nothing.
-// An unmap of several mappings side by side is one `cuMemUnmap` over the range (the driver takes
-// a range of whole mappings: NVIDIA's vectorAddMMAP sample unmaps the stripes of several
-// devices in one call), so that reclaim pays one call per run of pages. A driver that refuses
-// the range (CUDA_ERROR_INVALID_VALUE, nothing unmapped) gets the mappings one by one instead;
-// if it fails part way, the range stays tracked as mapped and the same call can be retried. `unmap`
-// does not wait for work that still uses the pages (`cuMemUnmap` does not): the caller synchronises
-// their users first.
+// read-write access for this GPU only. The driver maps a handle only whole, at offset 0 (a map at
+// an offset or of part of a handle is CUDA_ERROR_NOT_SUPPORTED on an H200), so every map is of
+// the whole handle. Reservations, handles and mappings are tracked here and every request is
+// checked against them first, so that the contract's refusals never depend on what a driver
+// version happens to accept, and a failed call changes nothing. An unmap of several mappings side
+// by side is one `cuMemUnmap` over the range (the driver takes a range of whole mappings, as
+// measured on an H200), so that reclaim pays one call per run. A driver that refuses the range
+// (CUDA_ERROR_INVALID_VALUE, nothing unmapped) gets the mappings one by one instead; if it fails
+// part way, the range stays tracked as mapped and the same call can be retried. `unmap` does not
+// wait for work that still uses the memory (`cuMemUnmap` does not): the caller synchronises its
+// users first.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "cistern/cuda_device.hpp"
 #include "cistern/errors.hpp"
@@ -34,7 +36,7 @@
 namespace cistern {
 namespace detail {
 
-/// One `map` call: [start, end) backed by a physical handle.
+/// One mapping: [start, end) backed by the whole of a physical handle.
 struct CudaMapping {
   std::uintptr_t end = 0;
   CUmemGenericAllocationHandle handle = 0;
@@ -170,26 +172,52 @@ bool overlaps_mapping(const CudaVmmState& vmm, std::uintptr_t start, std::uintpt
   return next != vmm.mappings.begin() && std::prev(next)->second.end > start;
 }
 
-/// Why mapping [start, start + bytes) to `offset` of `handle` must be refused, if it must: an
-/// unknown handle, a range outside it or outside one reservation, or one already mapped.
-std::optional<std::string> refuse_map(const CudaVmmState& vmm, std::uintptr_t start,
-                                      std::size_t bytes, CUmemGenericAllocationHandle handle,
-                                      std::size_t offset) {
-  const auto found = vmm.physical.find(handle);
+/// A request refused before the driver sees it: the status and why.
+struct Refusal {
+  Status status = Status::invalid_argument;
+  std::string why;
+};
+
+/// Why mapping `handle` whole at `start` must be refused, if it must, as the driver would refuse
+/// it: an unknown or released handle; a `bytes` smaller than the handle's size (part of a
+/// handle: `not_supported`, as cuMemMap's CUDA_ERROR_NOT_SUPPORTED) or larger; a range outside
+/// one reservation, or one already mapped. Sets `bytes` to the handle's size.
+std::optional<Refusal> refuse_map(const CudaVmmState& vmm, std::uintptr_t start,
+                                  PhysicalHandle handle, std::size_t& bytes) {
+  const auto found = vmm.physical.find(handle.handle);
   if (found == vmm.physical.end()) {
-    return fmt::format("map: unknown or released physical handle {}", hex(handle));
+    return Refusal{Status::invalid_argument,
+                   fmt::format("map: unknown or released physical handle {}", hex(handle.handle))};
   }
-  if (offset > found->second || bytes > found->second - offset) {
-    return fmt::format("map: offset {} + {} lies outside the handle's {}", offset,
-                       format_bytes(bytes), format_bytes(found->second));
+  bytes = found->second;
+  if (handle.bytes < bytes) {
+    return Refusal{Status::not_supported,
+                   fmt::format("map({}, handle {} of {}): {} is part of the handle; the driver "
+                               "maps a handle only whole, from its offset 0",
+                               hex(start), hex(handle.handle), format_bytes(bytes),
+                               format_bytes(handle.bytes))};
+  }
+  if (handle.bytes > bytes) {
+    return Refusal{
+        Status::invalid_argument,
+        fmt::format("map({}, handle {}): {} is more than the handle's {}", hex(start),
+                    hex(handle.handle), format_bytes(handle.bytes), format_bytes(bytes))};
+  }
+  if (start % vmm.granularity != 0 || start > std::numeric_limits<std::uintptr_t>::max() - bytes) {
+    return Refusal{Status::invalid_argument,
+                   fmt::format("map({}, {}): the address must be a multiple of the granularity "
+                               "({})",
+                               hex(start), format_bytes(bytes), format_bytes(vmm.granularity))};
   }
   if (!containing_reservation(vmm, start, bytes)) {
-    return fmt::format("map({}, {}): the range is not inside one reservation", hex(start),
-                       format_bytes(bytes));
+    return Refusal{Status::invalid_argument,
+                   fmt::format("map({}, {}): the range is not inside one reservation", hex(start),
+                               format_bytes(bytes))};
   }
   if (overlaps_mapping(vmm, start, start + bytes)) {
-    return fmt::format("map({}, {}): part of the range is already mapped", hex(start),
-                       format_bytes(bytes));
+    return Refusal{Status::invalid_argument,
+                   fmt::format("map({}, {}): part of the range is already mapped", hex(start),
+                               format_bytes(bytes))};
   }
   return std::nullopt;
 }
@@ -201,45 +229,6 @@ CUmemAccessDesc read_write(const CudaDeviceState& s) {
   access.location.id = s.ordinal();
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   return access;
-}
-
-/// Why a run of `count` pieces from `start` must be refused before any is looked up, if it
-/// must: no piece, or a piece or the start not a positive multiple of the granularity, or a run
-/// that wraps the address space. Sets `total` to the run's size.
-std::optional<std::string> refuse_run(std::uintptr_t start, const MapPiece* pieces,
-                                      std::size_t count, std::size_t unit, std::size_t& total) {
-  total = 0;
-  if (count == 1) {  // a plain map
-    const MapPiece& p = pieces[0];
-    total = p.bytes;
-    if (p.bytes == 0 || start % unit != 0 || p.bytes % unit != 0 || p.offset % unit != 0 ||
-        start > std::numeric_limits<std::uintptr_t>::max() - p.bytes) {
-      return fmt::format(
-          "map({}, {}, offset {}): address, size and offset must be "
-          "multiples of the granularity ({}) and the size positive",
-          hex(start), p.bytes, p.offset, format_bytes(unit));
-    }
-    return std::nullopt;
-  }
-  for (std::size_t i = 0; i < count; ++i) {
-    const MapPiece& piece = pieces[i];
-    if (piece.bytes == 0 || piece.bytes % unit != 0 || piece.offset % unit != 0 ||
-        piece.bytes > std::numeric_limits<std::uintptr_t>::max() - total) {
-      return fmt::format(
-          "map_run: piece {} ({}, offset {}) must be a positive multiple of the "
-          "granularity ({}) at an offset that is one",
-          i, piece.bytes, piece.offset, format_bytes(unit));
-    }
-    total += piece.bytes;
-  }
-  if (count == 0 || start % unit != 0 ||
-      start > std::numeric_limits<std::uintptr_t>::max() - total) {
-    return fmt::format(
-        "map_run({}, {} pieces): the address must be a multiple of the "
-        "granularity and the run non-empty and inside the address space",
-        hex(start), count);
-  }
-  return std::nullopt;
 }
 
 }  // namespace
@@ -366,6 +355,7 @@ Status CudaVmmDevice::create_physical(std::size_t bytes, PhysicalHandle* handle)
       throw;
     }
     handle->handle = created;
+    handle->bytes = bytes;
     return Status::ok;
   });
 }
@@ -402,53 +392,59 @@ Status CudaVmmDevice::release_physical(PhysicalHandle handle) noexcept {
   });
 }
 
-// A map is a run of one piece: the same checks, driver calls and tracking.
-Status CudaVmmDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
-                          std::size_t offset) noexcept {
-  const MapPiece piece{handle, offset, bytes};
-  return map_run(va, &piece, 1);
+// A map is a run of one handle: the same checks, driver calls and tracking.
+Status CudaVmmDevice::map(void* va, PhysicalHandle handle) noexcept {
+  return map_run(va, &handle, 1);
 }
 
-// One cuMemMap per piece, then one cuMemSetAccess over the run, as PyTorch grows an expandable
-// segment. Any failure unmaps the pieces mapped so far: nothing of the run is left.
-Status CudaVmmDevice::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
+// One cuMemMap per handle (each whole, at offset 0), then one cuMemSetAccess over the run, as
+// PyTorch grows an expandable segment. Any failure unmaps the handles mapped so far: nothing of
+// the run is left.
+Status CudaVmmDevice::map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept {
   CudaDeviceState& s = state();
   CudaVmmState& vmm = *vmm_;
   return s.call(DeviceOp::map, [&] {
     const std::uintptr_t start = address_of(va);
-    std::size_t total = 0;
-    if (const auto refusal = refuse_run(start, pieces, count, vmm.granularity, total)) {
-      return s.invalid(DeviceOp::map, *refusal);
+    if (count == 0 || handles == nullptr) {
+      return s.invalid(DeviceOp::map, fmt::format("map_run({}): no handle to map", hex(va)));
     }
     const std::lock_guard<std::mutex> lock(vmm.mutex);  // held across the driver calls
+    // Every handle's size as tracked; the run is checked whole (each handle against the ones
+    // before it too) before the driver sees any of it.
+    std::vector<std::size_t> sizes(count);
     std::uintptr_t at = start;
-    for (std::size_t i = 0; i < count; at += pieces[i++].bytes) {
-      if (const auto refusal =
-              refuse_map(vmm, at, pieces[i].bytes, pieces[i].handle.handle, pieces[i].offset)) {
-        return s.invalid(DeviceOp::map,
-                         count == 1 ? *refusal : fmt::format("map_run piece {}: {}", i, *refusal));
+    for (std::size_t i = 0; i < count; at += sizes[i++]) {
+      if (auto refusal = refuse_map(vmm, at, handles[i], sizes[i])) {
+        return s.fail(refusal->status, DeviceOp::map,
+                      count == 1
+                          ? refusal->why
+                          : fmt::format("map_run handle {} of {}: {}", i, count, refusal->why));
+      }
+      if (i > 0 && !containing_reservation(vmm, start, at + sizes[i] - start)) {
+        return s.invalid(DeviceOp::map, fmt::format("map_run({}, {} handles): the run is not "
+                                                    "inside one reservation",
+                                                    hex(va), count));
       }
     }
+    const std::size_t total = at - start;
     const auto describe = [&] {
       if (count == 1) {  // a plain map
-        return fmt::format("map({}, {}, handle {}, offset {})", hex(va), format_bytes(total),
-                           hex(pieces[0].handle.handle), pieces[0].offset);
+        return fmt::format("map({}, handle {} of {})", hex(va), hex(handles[0].handle),
+                           format_bytes(total));
       }
-      return fmt::format("map_run({}, {} in {} pieces)", hex(va), format_bytes(total), count);
+      return fmt::format("map_run({}, {} in {} handles)", hex(va), format_bytes(total), count);
     };
     const auto undo = [&](std::size_t mapped) {
       std::uintptr_t back = start;
-      for (std::size_t j = 0; j < mapped; back += pieces[j++].bytes) {
-        (void)vmm.driver.mem_unmap(back, pieces[j].bytes);
+      for (std::size_t j = 0; j < mapped; back += sizes[j++]) {
+        (void)vmm.driver.mem_unmap(back, sizes[j]);
       }
     };
     const auto guard = s.guard(true);
     if (guard.error() != cudaSuccess) return s.guard_failure(guard, DeviceOp::map);
     at = start;
-    for (std::size_t i = 0; i < count; at += pieces[i++].bytes) {
-      const MapPiece& piece = pieces[i];
-      const CUresult mapped =
-          vmm.driver.mem_map(at, piece.bytes, piece.offset, piece.handle.handle, 0);
+    for (std::size_t i = 0; i < count; at += sizes[i++]) {
+      const CUresult mapped = vmm.driver.mem_map(at, sizes[i], 0, handles[i].handle, 0);
       if (mapped != CUDA_SUCCESS) {
         undo(i);
         return driver_failure(s, vmm, mapped, DeviceOp::map, "cuMemMap", describe);
@@ -463,13 +459,12 @@ Status CudaVmmDevice::map_run(void* va, const MapPiece* pieces, std::size_t coun
     std::size_t tracked = 0;
     try {
       at = start;
-      for (; tracked < count; at += pieces[tracked++].bytes) {
-        vmm.mappings.emplace(
-            at, detail::CudaMapping{at + pieces[tracked].bytes, pieces[tracked].handle.handle});
+      for (; tracked < count; at += sizes[tracked++]) {
+        vmm.mappings.emplace(at, detail::CudaMapping{at + sizes[tracked], handles[tracked].handle});
       }
     } catch (...) {
       at = start;
-      for (std::size_t j = 0; j < tracked; at += pieces[j++].bytes) vmm.mappings.erase(at);
+      for (std::size_t j = 0; j < tracked; at += sizes[j++]) vmm.mappings.erase(at);
       undo(count);
       throw;
     }

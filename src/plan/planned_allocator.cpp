@@ -57,7 +57,7 @@ struct PlannedAllocator::Arena {
         device.release_reservation(base, mapped);
         expect_ok(device, s, "create_physical");
       }
-      if (const Status s = device.map(base, mapped, handle, 0); s != Status::ok) {
+      if (const Status s = device.map(base, handle); s != Status::ok) {
         device.release_physical(handle);
         device.release_reservation(base, mapped);
         expect_ok(device, s, "map");

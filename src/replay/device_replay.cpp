@@ -45,12 +45,11 @@ class TimedDevice final : public ForwardingDevice {
   Status release_physical(PhysicalHandle handle) noexcept override {
     return timed(times_.vmm_ms, [&] { return upstream().release_physical(handle); });
   }
-  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
-             std::size_t offset) noexcept override {
-    return timed(times_.vmm_ms, [&] { return upstream().map(va, bytes, handle, offset); });
+  Status map(void* va, PhysicalHandle handle) noexcept override {
+    return timed(times_.vmm_ms, [&] { return upstream().map(va, handle); });
   }
-  Status map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept override {
-    return timed(times_.vmm_ms, [&] { return upstream().map_run(va, pieces, count); });
+  Status map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept override {
+    return timed(times_.vmm_ms, [&] { return upstream().map_run(va, handles, count); });
   }
   Status unmap(void* va, std::size_t bytes) noexcept override {
     return timed(times_.vmm_ms, [&] { return upstream().unmap(va, bytes); });

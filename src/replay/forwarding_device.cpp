@@ -33,12 +33,12 @@ Status ForwardingDevice::create_physical(std::size_t bytes, PhysicalHandle* hand
 Status ForwardingDevice::release_physical(PhysicalHandle handle) noexcept {
   return upstream_.release_physical(handle);
 }
-Status ForwardingDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
-                             std::size_t offset) noexcept {
-  return upstream_.map(va, bytes, handle, offset);
+Status ForwardingDevice::map(void* va, PhysicalHandle handle) noexcept {
+  return upstream_.map(va, handle);
 }
-Status ForwardingDevice::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
-  return upstream_.map_run(va, pieces, count);
+Status ForwardingDevice::map_run(void* va, const PhysicalHandle* handles,
+                                 std::size_t count) noexcept {
+  return upstream_.map_run(va, handles, count);
 }
 Status ForwardingDevice::unmap(void* va, std::size_t bytes) noexcept {
   return upstream_.unmap(va, bytes);

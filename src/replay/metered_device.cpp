@@ -99,25 +99,24 @@ void MeteredDevice::note_mapping(const void* va, std::size_t bytes) noexcept {
   }
 }
 
-Status MeteredDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
-                          std::size_t offset) noexcept {
-  const Status status = upstream().map(va, bytes, handle, offset);
+Status MeteredDevice::map(void* va, PhysicalHandle handle) noexcept {
+  const Status status = upstream().map(va, handle);
   calls_.ns += costs_.map_ns + costs_.access_ns;
   if (status != Status::ok) return status;
   ++calls_.maps;
-  note_mapping(va, bytes);
+  note_mapping(va, handle.bytes);
   return status;
 }
 
-// One cuMemMap per piece and one cuMemSetAccess over the run; a failure costs the calls a real
+// One cuMemMap per handle and one cuMemSetAccess over the run; a failure costs the calls a real
 // driver would have made before it stopped at most, priced as the whole run.
-Status MeteredDevice::map_run(void* va, const MapPiece* pieces, std::size_t count) noexcept {
-  const Status status = upstream().map_run(va, pieces, count);
+Status MeteredDevice::map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept {
+  const Status status = upstream().map_run(va, handles, count);
   calls_.ns += costs_.map_ns * static_cast<double>(count) + costs_.access_ns;
   if (status != Status::ok) return status;
   calls_.maps += count;
   auto* at = static_cast<char*>(va);
-  for (std::size_t i = 0; i < count; at += pieces[i++].bytes) note_mapping(at, pieces[i].bytes);
+  for (std::size_t i = 0; i < count; at += handles[i++].bytes) note_mapping(at, handles[i].bytes);
   return status;
 }
 

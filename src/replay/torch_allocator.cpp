@@ -765,7 +765,7 @@ class TorchAllocator::Impl {
       void* va = pointer_to(segment.base + (first + i) * segment.page);
       Status status = device_.create_physical(segment.page, &handle);
       if (status == Status::ok) {
-        status = device_.map(va, segment.page, handle, 0);
+        status = device_.map(va, handle);
         if (status != Status::ok) (void)device_.release_physical(handle);
       }
       if (status != Status::ok) {

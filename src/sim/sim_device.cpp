@@ -74,7 +74,7 @@ struct Page {
 /// Alignment and size unit of packed small allocations.
 constexpr std::size_t kPackUnit = 512;
 
-/// One `map` call: [start, end) of a reservation backed by a physical handle.
+/// One `map` call: [start, end) of a reservation backed by the whole of a physical handle.
 struct Mapping {
   std::uintptr_t end = 0;
   std::uint64_t handle = 0;
@@ -84,7 +84,7 @@ struct Mapping {
 /// its last mapping is gone, as with `cuMemRelease`.
 struct PhysicalMemory {
   std::size_t bytes = 0;
-  std::size_t mappings = 0;  ///< live mappings of any part of it
+  std::size_t mappings = 0;  ///< live mappings of it (a handle may be mapped at several addresses)
   bool released = false;
 };
 
@@ -601,6 +601,7 @@ struct SimDevice::State {
     physical.emplace(next_physical, PhysicalMemory{bytes, 0, false});
     charge(bytes);
     handle->handle = next_physical++;
+    handle->bytes = bytes;
     return Status::ok;
   }
 
@@ -623,24 +624,31 @@ struct SimDevice::State {
     physical.erase(it);
   }
 
-  Status map(void* va, std::size_t bytes, PhysicalHandle handle, std::size_t offset) {
+  Status map(void* va, PhysicalHandle handle) {
     if (!options.virtual_memory) return unsupported(DeviceOp::map);
     const std::uintptr_t start = address_of(va);
-    if (bytes == 0 || !granule_aligned(start) || !granule_aligned(bytes) ||
-        !granule_aligned(offset)) {
-      return invalid(
-          fmt::format("map({:#x}, {}, offset {}): address, size and offset must be "
-                      "multiples of the granularity ({}) and the size positive",
-                      start, bytes, offset, format_bytes(options.granularity)));
-    }
     const auto phys = physical.find(handle.handle);
     if (phys == physical.end() || phys->second.released) {
       return invalid(fmt::format("map: unknown or released physical handle {:#x}", handle.handle));
     }
-    const std::size_t handle_bytes = phys->second.bytes;
-    if (offset > handle_bytes || bytes > handle_bytes - offset) {
-      return invalid(fmt::format("map: offset {} + {} lies outside the handle's {}", offset,
-                                 format_bytes(bytes), format_bytes(handle_bytes)));
+    const std::size_t bytes = phys->second.bytes;
+    if (handle.bytes < bytes) {
+      // The driver maps a handle only whole: cuMemMap of part of one is CUDA_ERROR_NOT_SUPPORTED.
+      return fail(
+          Status::not_supported,
+          fmt::format("map({:#x}, handle {:#x} of {}): {} is part of the handle; a handle "
+                      "is mapped only whole, from its offset 0",
+                      start, handle.handle, format_bytes(bytes), format_bytes(handle.bytes)));
+    }
+    if (handle.bytes > bytes) {
+      return invalid(fmt::format("map({:#x}, handle {:#x}): {} is more than the handle's {}", start,
+                                 handle.handle, format_bytes(handle.bytes), format_bytes(bytes)));
+    }
+    if (!granule_aligned(start)) {
+      return invalid(
+          fmt::format("map({:#x}, {}): the address must be a multiple of the "
+                      "granularity ({})",
+                      start, format_bytes(bytes), format_bytes(options.granularity)));
     }
     const auto reservation = find_containing(ranges, start);
     if (reservation == ranges.end() ||
@@ -656,6 +664,35 @@ struct SimDevice::State {
     mappings.emplace(start, Mapping{start + bytes, handle.handle});
     ++phys->second.mappings;
     return Status::ok;
+  }
+
+  /// Why a run of `count` handles from `va` must be refused as a whole, if it must: none to map,
+  /// or a run that does not lie inside one reservation (its access is granted in one step over
+  /// the run, as one cuMemSetAccess). Each handle is checked by its own `map` after this.
+  std::optional<Status> refuse_run(void* va, const PhysicalHandle* handles, std::size_t count) {
+    if (!options.virtual_memory) return unsupported(DeviceOp::map);
+    const std::uintptr_t start = address_of(va);
+    if (count == 0 || handles == nullptr) {
+      return invalid(fmt::format("map_run({:#x}): no handle to map", start));
+    }
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (handles[i].bytes > std::numeric_limits<std::uintptr_t>::max() - start - total) {
+        return invalid(
+            fmt::format("map_run({:#x}, {} handles): the run wraps around", start, count));
+      }
+      total += handles[i].bytes;
+    }
+    const auto reservation = find_containing(ranges, start);
+    if (reservation != ranges.end() &&
+        reservation->second.kind == AddressRange::Kind::reservation &&
+        reservation->second.end - start < total) {
+      return invalid(
+          fmt::format("map_run({:#x}, {} in {} handles): the run is not inside one "
+                      "reservation",
+                      start, format_bytes(total), count));
+    }
+    return std::nullopt;  // the rest is each map's to check
   }
 
   Status unmap(void* va, std::size_t bytes) {
@@ -805,9 +842,27 @@ Status SimDevice::release_physical(PhysicalHandle handle) noexcept {
   return state_->call(DeviceOp::release_physical, [&] { return state_->release_physical(handle); });
 }
 
-Status SimDevice::map(void* va, std::size_t bytes, PhysicalHandle handle,
-                      std::size_t offset) noexcept {
-  return state_->call(DeviceOp::map, [&] { return state_->map(va, bytes, handle, offset); });
+Status SimDevice::map(void* va, PhysicalHandle handle) noexcept {
+  return state_->call(DeviceOp::map, [&] { return state_->map(va, handle); });
+}
+
+// The contract's default maps handle by handle (each a counted `map` call, as before); the run as
+// a whole is checked first, so that a run crossing the end of its reservation is refused as the
+// driver's one cuMemSetAccess over it would be, before anything is mapped.
+Status SimDevice::map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept {
+  std::optional<Status> refused;
+  try {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    refused = state_->refuse_run(va, handles, count);
+  } catch (const std::exception& error) {
+    refused = state_->fail_without_throwing(DeviceOp::map, error.what());
+  }
+  if (refused) {
+    state_->counters.count_call(DeviceOp::map);
+    state_->counters.count_failure(DeviceOp::map);
+    return *refused;
+  }
+  return Device::map_run(va, handles, count);
 }
 
 Status SimDevice::unmap(void* va, std::size_t bytes) noexcept {

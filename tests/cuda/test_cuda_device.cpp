@@ -66,6 +66,7 @@ struct FakeFactoryOf {
     }
     return true;
   }
+  static constexpr std::size_t kFreeMemoryDriftGranules = 0;  // the fake's accounting is exact
 };
 
 struct FakeCudaFactory : FakeFactoryOf<CudaDevice> {};
@@ -478,7 +479,7 @@ TEST_F(FakeCudaTest, VmmDriverCallsGetAContextOnAFreshThread) {
   std::thread([&] {
     reserved = device->reserve(4 * MiB, 0, &va);
     created = device->create_physical(2 * MiB, &handle);
-    mapped = device->map(va, 2 * MiB, handle, 0);
+    mapped = device->map(va, handle);
     unmapped = device->unmap(va, 2 * MiB);
     device_after = fake_cuda::current_device();
   }).join();
@@ -493,13 +494,137 @@ TEST_F(FakeCudaTest, VmmDriverCallsGetAContextOnAFreshThread) {
   EXPECT_EQ(device->release_reservation(va, 4 * MiB), Status::ok);
 }
 
+// --- the fake driver's own rules: what cuMemMap, cuMemSetAccess and cuMemUnmap answer on an H200 -----
+//
+// The backends' tests rely on the fake refusing exactly what the driver refuses, with the same
+// CUresult (../shared/reference/vmm-and-planning.md, section 4). These call the fake directly.
+
+/// The fake's driver functions (the calling thread needs a current context: `enter()`).
+struct FakeDriver {
+  static void enter() { fake_cuda::has_context() = true; }
+  static CUdeviceptr reserve(std::size_t bytes) {
+    CUdeviceptr va = 0;
+    EXPECT_EQ(fake_cuda::impl::cu_mem_address_reserve(&va, bytes, 0, 0, 0), CUDA_SUCCESS);
+    return va;
+  }
+  static CUmemGenericAllocationHandle create(std::size_t bytes) {
+    CUmemGenericAllocationHandle handle = 0;
+    const CUmemAllocationProp properties{};
+    EXPECT_EQ(fake_cuda::impl::cu_mem_create(&handle, bytes, &properties, 0), CUDA_SUCCESS);
+    return handle;
+  }
+  static CUresult map(CUdeviceptr va, std::size_t bytes, std::size_t offset,
+                      CUmemGenericAllocationHandle handle) {
+    return fake_cuda::impl::cu_mem_map(va, bytes, offset, handle, 0);
+  }
+  static CUresult unmap(CUdeviceptr va, std::size_t bytes) {
+    return fake_cuda::impl::cu_mem_unmap(va, bytes);
+  }
+  static CUresult set_access(CUdeviceptr va, std::size_t bytes) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return fake_cuda::impl::cu_mem_set_access(va, bytes, &access, 1);
+  }
+};
+
+TEST_F(FakeCudaTest, DriverRuleFakeCuMemMapTakesAWholeHandleAtOffsetZeroOnly) {
+  FakeDriver::enter();
+  const CUdeviceptr va = FakeDriver::reserve(16 * MiB);
+  const CUmemGenericAllocationHandle handle = FakeDriver::create(16 * MiB);
+  EXPECT_EQ(FakeDriver::map(va, 2 * MiB, 2 * MiB, handle), CUDA_ERROR_NOT_SUPPORTED)
+      << "one granule at a non-zero offset into a 16 MiB handle";
+  EXPECT_EQ(FakeDriver::map(va, 8 * MiB, 0, handle), CUDA_ERROR_NOT_SUPPORTED)
+      << "8 of 16 MiB at offset 0";
+  EXPECT_EQ(FakeDriver::map(va, 8 * MiB, 8 * MiB, handle), CUDA_ERROR_NOT_SUPPORTED)
+      << "the second half";
+  EXPECT_TRUE(fake().mappings.empty()) << "a refused map mapped";
+  EXPECT_EQ(FakeDriver::map(va, 32 * MiB, 0, handle), CUDA_ERROR_INVALID_VALUE) << "past its end";
+  EXPECT_EQ(FakeDriver::map(va, 16 * MiB, 0, handle), CUDA_SUCCESS);
+  EXPECT_EQ(fake().physical.at(handle).mappings, 1u);
+  EXPECT_EQ(FakeDriver::unmap(va, 16 * MiB), CUDA_SUCCESS);
+}
+
+TEST_F(FakeCudaTest, DriverRuleFakeCuMemUnmapOfPartOfAMappingIsInvalidAndChangesNothing) {
+  FakeDriver::enter();
+  const CUdeviceptr va = FakeDriver::reserve(16 * MiB);
+  const CUmemGenericAllocationHandle handle = FakeDriver::create(16 * MiB);
+  ASSERT_EQ(FakeDriver::map(va, 16 * MiB, 0, handle), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(va, 8 * MiB), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(FakeDriver::unmap(va + 2 * MiB, 2 * MiB), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(FakeDriver::unmap(va + 8 * MiB, 8 * MiB), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(FakeDriver::unmap(va, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(fake().mappings.size(), 1u);
+  EXPECT_EQ(FakeDriver::unmap(va, 16 * MiB), CUDA_SUCCESS);
+  EXPECT_TRUE(fake().mappings.empty());
+}
+
+TEST_F(FakeCudaTest, DriverRuleFakeCuMemMapTakesOneHandleAtASecondAddress) {
+  FakeDriver::enter();
+  const CUdeviceptr first = FakeDriver::reserve(4 * MiB);
+  const CUdeviceptr second = FakeDriver::reserve(4 * MiB);
+  const CUmemGenericAllocationHandle handle = FakeDriver::create(4 * MiB);
+  ASSERT_EQ(FakeDriver::map(first, 4 * MiB, 0, handle), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::map(second, 4 * MiB, 0, handle), CUDA_SUCCESS);
+  EXPECT_EQ(fake().physical.at(handle).mappings, 2u);
+  EXPECT_EQ(fake().used, 4 * MiB) << "the memory is taken once";
+  EXPECT_EQ(fake_cuda::impl::cu_mem_release(handle), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(first, 4 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(fake().used, 4 * MiB) << "released, still mapped once";
+  EXPECT_EQ(FakeDriver::unmap(second, 4 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(fake().used, 0u) << "the last mapping is gone";
+}
+
+TEST_F(FakeCudaTest, DriverRuleFakeCuMemSetAccessAndUnmapTakeSeveralWholeMappingsButNoHole) {
+  FakeDriver::enter();
+  // [0, 2) and [2, 6) side by side, a hole at [6, 8), then [8, 10) (MiB from the reservation).
+  const CUdeviceptr va = FakeDriver::reserve(10 * MiB);
+  ASSERT_EQ(FakeDriver::map(va, 2 * MiB, 0, FakeDriver::create(2 * MiB)), CUDA_SUCCESS);
+  ASSERT_EQ(FakeDriver::map(va + 2 * MiB, 4 * MiB, 0, FakeDriver::create(4 * MiB)), CUDA_SUCCESS);
+  ASSERT_EQ(FakeDriver::map(va + 8 * MiB, 2 * MiB, 0, FakeDriver::create(2 * MiB)), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::set_access(va, 6 * MiB), CUDA_SUCCESS) << "two whole mappings";
+  EXPECT_EQ(FakeDriver::set_access(va, 4 * MiB), CUDA_ERROR_INVALID_VALUE) << "part of the second";
+  EXPECT_EQ(FakeDriver::set_access(va, 10 * MiB), CUDA_ERROR_INVALID_VALUE) << "over the hole";
+  EXPECT_EQ(FakeDriver::set_access(va + 6 * MiB, 2 * MiB), CUDA_ERROR_INVALID_VALUE) << "the hole";
+  EXPECT_EQ(FakeDriver::unmap(va, 4 * MiB), CUDA_ERROR_INVALID_VALUE) << "part of the second";
+  EXPECT_EQ(FakeDriver::unmap(va, 10 * MiB), CUDA_ERROR_INVALID_VALUE) << "over the hole";
+  EXPECT_EQ(fake().mappings.size(), 3u) << "a refused unmap unmapped";
+  EXPECT_EQ(FakeDriver::unmap(va, 6 * MiB), CUDA_SUCCESS) << "two whole mappings in one call";
+  EXPECT_EQ(fake().mappings.size(), 1u);
+  EXPECT_EQ(FakeDriver::unmap(va + 8 * MiB, 2 * MiB), CUDA_SUCCESS);
+}
+
+TEST_F(FakeCudaTest, DriverRuleFakeCuMemMapOnlyIntoUnmappedReservedSpace) {
+  FakeDriver::enter();
+  const CUdeviceptr va = FakeDriver::reserve(6 * MiB);
+  const CUmemGenericAllocationHandle mapped = FakeDriver::create(4 * MiB);
+  const CUmemGenericAllocationHandle other = FakeDriver::create(2 * MiB);
+  ASSERT_EQ(FakeDriver::map(va + 2 * MiB, 4 * MiB, 0, mapped), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::map(va + 2 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
+      << "its first granule";
+  EXPECT_EQ(FakeDriver::map(va + 4 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
+      << "its last granule";
+  EXPECT_EQ(FakeDriver::map(va + 6 * MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE)
+      << "past the reservation";
+  EXPECT_EQ(FakeDriver::map(va + MiB, 2 * MiB, 0, other), CUDA_ERROR_INVALID_VALUE) << "misaligned";
+  EXPECT_EQ(FakeDriver::map(va, 2 * MiB, 0, other), CUDA_SUCCESS);
+  EXPECT_EQ(FakeDriver::unmap(va, 6 * MiB), CUDA_SUCCESS);
+}
+
 TEST_F(FakeCudaTest, VmmMapGrantsReadWriteAccessToItsDevice) {
   const auto device = open_vmm(1);
   void* va = nullptr;
   PhysicalHandle handle;
   ASSERT_EQ(device->reserve(4 * MiB, 0, &va), Status::ok);
-  ASSERT_EQ(device->create_physical(4 * MiB, &handle), Status::ok);
-  ASSERT_EQ(device->map(va, 2 * MiB, handle, 2 * MiB), Status::ok) << device->last_error();
+  ASSERT_EQ(device->create_physical(2 * MiB, &handle), Status::ok);
+  fake().calls.clear();
+  ASSERT_EQ(device->map(va, handle), Status::ok) << device->last_error();
+  // One cuMemMap of the whole handle at offset 0, one cuMemSetAccess over it.
+  EXPECT_EQ(fake().count("cuMemMap"), 1u);
+  EXPECT_TRUE(fake().called_with(
+      "cuMemMap",
+      fmt::format("dev=1 {:#x} {} offset=0", reinterpret_cast<std::uintptr_t>(va), 2 * MiB)));
+  EXPECT_EQ(fake().count("cuMemSetAccess"), 1u);
   const fake_cuda::FakeMapping& mapping = fake().mappings.at(reinterpret_cast<std::uintptr_t>(va));
   EXPECT_TRUE(mapping.accessible);
   EXPECT_EQ(mapping.access.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
@@ -512,6 +637,65 @@ TEST_F(FakeCudaTest, VmmMapGrantsReadWriteAccessToItsDevice) {
   EXPECT_EQ(fake().used, 0u);
 }
 
+TEST_F(FakeCudaTest, VmmMapRunIsOneMapPerHandleAndOneSetAccessOverTheRun) {
+  const auto device = open_vmm();
+  void* va = nullptr;
+  PhysicalHandle handles[3];
+  ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &handles[0]), Status::ok);
+  ASSERT_EQ(device->create_physical(4 * MiB, &handles[1]), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &handles[2]), Status::ok);
+  const auto base = reinterpret_cast<std::uintptr_t>(va);
+  fake().calls.clear();
+  ASSERT_EQ(device->map_run(va, handles, 3), Status::ok) << device->last_error();
+  EXPECT_EQ(fake().count("cuMemMap"), 3u);
+  EXPECT_TRUE(
+      fake().called_with("cuMemMap", fmt::format("dev=0 {:#x} {} offset=0", base, 2 * MiB)));
+  EXPECT_TRUE(fake().called_with("cuMemMap",
+                                 fmt::format("dev=0 {:#x} {} offset=0", base + 2 * MiB, 4 * MiB)));
+  EXPECT_TRUE(fake().called_with("cuMemMap",
+                                 fmt::format("dev=0 {:#x} {} offset=0", base + 6 * MiB, 2 * MiB)));
+  EXPECT_EQ(fake().count("cuMemSetAccess"), 1u);
+  EXPECT_TRUE(fake().called_with("cuMemSetAccess", fmt::format("dev=0 {:#x} {}", base, 8 * MiB)));
+  EXPECT_EQ(device->live_mappings(), 3u);
+  for (const auto& [start, mapping] : fake().mappings) EXPECT_TRUE(mapping.accessible) << start;
+  // Each handle is a mapping of its own; the run unmaps in one call.
+  EXPECT_EQ(device->unmap(va, 4 * MiB), Status::invalid_argument) << "part of the second";
+  fake().calls.clear();
+  EXPECT_EQ(device->unmap(va, 8 * MiB), Status::ok) << device->last_error();
+  EXPECT_EQ(fake().count("cuMemUnmap"), 1u);
+  for (const PhysicalHandle handle : handles)
+    EXPECT_EQ(device->release_physical(handle), Status::ok);
+  EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
+  EXPECT_EQ(fake().used, 0u);
+}
+
+TEST_F(FakeCudaTest, VmmMapRunThatTheDriverRefusesPartWayLeavesNothingMapped) {
+  const auto device = open_vmm();
+  void* va = nullptr;
+  PhysicalHandle handles[3];
+  ASSERT_EQ(device->reserve(6 * MiB, 0, &va), Status::ok);
+  for (PhysicalHandle& handle : handles) {
+    ASSERT_EQ(device->create_physical(2 * MiB, &handle), Status::ok);
+  }
+  // The driver's answer to a map it cannot make (as to a part of a handle) at the third handle.
+  fake().fail_next("cuMemMap", CUDA_SUCCESS, 2);
+  fake().fail_next("cuMemMap", CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(device->map_run(va, handles, 3), Status::not_supported);
+  EXPECT_NE(device->last_error().find("cuMemMap failed: CUDA_ERROR_NOT_SUPPORTED"),
+            std::string::npos)
+      << device->last_error();
+  EXPECT_TRUE(fake().mappings.empty()) << "the first two were not unmapped";
+  EXPECT_EQ(device->live_mappings(), 0u);
+  EXPECT_EQ(fake().count("cuMemSetAccess"), 0u);
+  // The same run maps afterwards.
+  ASSERT_EQ(device->map_run(va, handles, 3), Status::ok) << device->last_error();
+  EXPECT_EQ(device->unmap(va, 6 * MiB), Status::ok);
+  for (const PhysicalHandle handle : handles)
+    EXPECT_EQ(device->release_physical(handle), Status::ok);
+  EXPECT_EQ(device->release_reservation(va, 6 * MiB), Status::ok);
+}
+
 TEST_F(FakeCudaTest, VmmAFailedSetAccessLeavesNothingMapped) {
   const auto device = open_vmm();
   void* va = nullptr;
@@ -519,15 +703,15 @@ TEST_F(FakeCudaTest, VmmAFailedSetAccessLeavesNothingMapped) {
   ASSERT_EQ(device->reserve(2 * MiB, 0, &va), Status::ok);
   ASSERT_EQ(device->create_physical(2 * MiB, &handle), Status::ok);
   fake().fail_next("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(device->map(va, 2 * MiB, handle, 0), Status::invalid_argument);
+  EXPECT_EQ(device->map(va, handle), Status::invalid_argument);
   EXPECT_EQ(device->last_error(),
-            fmt::format("cuda:0 map({:#x}, 2.00 MiB, handle {:#x}, offset 0): cuMemSetAccess "
+            fmt::format("cuda:0 map({:#x}, handle {:#x} of 2.00 MiB): cuMemSetAccess "
                         "failed: CUDA_ERROR_INVALID_VALUE (fake driver error description)",
                         reinterpret_cast<std::uintptr_t>(va), handle.handle));
   EXPECT_TRUE(fake().mappings.empty());
   EXPECT_EQ(device->live_mappings(), 0u);
   // The range can be mapped again.
-  EXPECT_EQ(device->map(va, 2 * MiB, handle, 0), Status::ok);
+  EXPECT_EQ(device->map(va, handle), Status::ok);
   EXPECT_EQ(device->unmap(va, 2 * MiB), Status::ok);
 }
 
@@ -559,8 +743,8 @@ TEST_F(FakeCudaTest, VmmUnmapsSeveralMappingsInOneCall) {
   ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
   ASSERT_EQ(device->create_physical(2 * MiB, &a), Status::ok);
   ASSERT_EQ(device->create_physical(4 * MiB, &b), Status::ok);
-  ASSERT_EQ(device->map(va, 2 * MiB, a, 0), Status::ok);
-  ASSERT_EQ(device->map(static_cast<char*>(va) + 2 * MiB, 4 * MiB, b, 0), Status::ok);
+  ASSERT_EQ(device->map(va, a), Status::ok);
+  ASSERT_EQ(device->map(static_cast<char*>(va) + 2 * MiB, b), Status::ok);
   fake().calls.clear();
   ASSERT_EQ(device->unmap(va, 6 * MiB), Status::ok) << device->last_error();
   EXPECT_EQ(fake().count("cuMemUnmap"), 1u);
@@ -576,12 +760,12 @@ TEST_F(FakeCudaTest, VmmUnmapsSeveralMappingsInOneCall) {
 TEST_F(FakeCudaTest, VmmUnmapFallsBackToOneCallPerMappingWhenTheDriverRefusesTheRange) {
   const auto device = open_vmm();
   void* va = nullptr;
-  PhysicalHandle a;
+  PhysicalHandle a[3];
   ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
-  ASSERT_EQ(device->create_physical(6 * MiB, &a), Status::ok);
   char* base = static_cast<char*>(va);
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(device->map(base + i * 2 * MiB, 2 * MiB, a, i * 2 * MiB), Status::ok);
+  for (std::size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(device->create_physical(2 * MiB, &a[i]), Status::ok);
+    ASSERT_EQ(device->map(base + i * 2 * MiB, a[i]), Status::ok);
   }
   fake().calls.clear();
   fake().fail_next("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);  // the range as a whole
@@ -589,7 +773,7 @@ TEST_F(FakeCudaTest, VmmUnmapFallsBackToOneCallPerMappingWhenTheDriverRefusesThe
   EXPECT_EQ(fake().count("cuMemUnmap"), 1u + 3u);
   EXPECT_TRUE(fake().mappings.empty());
   EXPECT_EQ(device->live_mappings(), 0u);
-  EXPECT_EQ(device->release_physical(a), Status::ok);
+  for (const PhysicalHandle handle : a) EXPECT_EQ(device->release_physical(handle), Status::ok);
   EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::ok);
   EXPECT_EQ(fake().used, 0u);
 }
@@ -598,11 +782,13 @@ TEST_F(FakeCudaTest, VmmAFailedUnmapOfSeveralMappingsInOneCallChangesNothing) {
   const auto device = open_vmm();
   void* va = nullptr;
   PhysicalHandle a;
+  PhysicalHandle b;
   ASSERT_EQ(device->reserve(4 * MiB, 0, &va), Status::ok);
-  ASSERT_EQ(device->create_physical(4 * MiB, &a), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &a), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &b), Status::ok);
   char* base = static_cast<char*>(va);
-  ASSERT_EQ(device->map(base, 2 * MiB, a, 0), Status::ok);
-  ASSERT_EQ(device->map(base + 2 * MiB, 2 * MiB, a, 2 * MiB), Status::ok);
+  ASSERT_EQ(device->map(base, a), Status::ok);
+  ASSERT_EQ(device->map(base + 2 * MiB, b), Status::ok);
   fake().fail_next("cuMemUnmap", CUDA_ERROR_UNKNOWN);
   EXPECT_EQ(device->unmap(va, 4 * MiB), Status::device_error);
   EXPECT_NE(device->last_error().find("of 2 mappings in one call: cuMemUnmap failed: "
@@ -613,6 +799,7 @@ TEST_F(FakeCudaTest, VmmAFailedUnmapOfSeveralMappingsInOneCallChangesNothing) {
   EXPECT_EQ(fake().mappings.size(), 2u);
   EXPECT_EQ(device->unmap(va, 4 * MiB), Status::ok) << device->last_error();
   EXPECT_EQ(device->release_physical(a), Status::ok);
+  EXPECT_EQ(device->release_physical(b), Status::ok);
   EXPECT_EQ(device->release_reservation(va, 4 * MiB), Status::ok);
   EXPECT_EQ(fake().used, 0u);
 }
@@ -623,12 +810,13 @@ TEST_F(FakeCudaTest, VmmAnUnmapThatFailsPartWayLeavesTheRangeMappedForARetry) {
   PhysicalHandle a;
   PhysicalHandle b;
   ASSERT_EQ(device->reserve(8 * MiB, 0, &va), Status::ok);
-  ASSERT_EQ(device->create_physical(4 * MiB, &a), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &a), Status::ok);
   ASSERT_EQ(device->create_physical(2 * MiB, &b), Status::ok);
   char* base = static_cast<char*>(va);
-  ASSERT_EQ(device->map(base, 2 * MiB, a, 2 * MiB), Status::ok);
-  ASSERT_EQ(device->map(base + 2 * MiB, 2 * MiB, a, 0), Status::ok);
-  ASSERT_EQ(device->map(base + 4 * MiB, 2 * MiB, b, 0), Status::ok);
+  // The same handle twice, then another.
+  ASSERT_EQ(device->map(base, a), Status::ok);
+  ASSERT_EQ(device->map(base + 2 * MiB, a), Status::ok);
+  ASSERT_EQ(device->map(base + 4 * MiB, b), Status::ok);
   // A driver that takes one mapping per call: the range as a whole is refused, then the first
   // mapping's cuMemUnmap succeeds and the second fails.
   fake().fail_next("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
@@ -645,7 +833,7 @@ TEST_F(FakeCudaTest, VmmAnUnmapThatFailsPartWayLeavesTheRangeMappedForARetry) {
   EXPECT_EQ(fake().mappings.size(), 2u) << "the driver unmapped the first mapping";
   // To the caller nothing changed: the range is still mapped, and the same call is retried.
   EXPECT_EQ(device->live_mappings(), 3u);
-  EXPECT_EQ(device->map(base, 2 * MiB, b, 0), Status::invalid_argument);
+  EXPECT_EQ(device->map(base, b), Status::invalid_argument);
   EXPECT_EQ(device->release_reservation(va, 8 * MiB), Status::invalid_argument);
   fake().calls.clear();
   EXPECT_EQ(device->unmap(base, 6 * MiB), Status::ok) << device->last_error();
@@ -663,23 +851,38 @@ TEST_F(FakeCudaTest, VmmRefusesBadRangesBeforeTheDriverSeesThem) {
   void* va = nullptr;
   void* other = nullptr;
   PhysicalHandle handle;
+  PhysicalHandle small;
   ASSERT_EQ(device->reserve(4 * MiB, 0, &va), Status::ok);
   ASSERT_EQ(device->reserve(4 * MiB, 0, &other), Status::ok);
   ASSERT_EQ(device->create_physical(4 * MiB, &handle), Status::ok);
+  ASSERT_EQ(device->create_physical(2 * MiB, &small), Status::ok);
   char* base = static_cast<char*>(va);
-  ASSERT_EQ(device->map(base, 4 * MiB, handle, 0), Status::ok);
+  ASSERT_EQ(device->map(base, handle), Status::ok);
   fake().calls.clear();
 
-  EXPECT_EQ(device->map(base + 2 * MiB, 2 * MiB, handle, 0), Status::invalid_argument);
+  EXPECT_EQ(device->map(base + 2 * MiB, small), Status::invalid_argument);
   EXPECT_NE(device->last_error().find("part of the range is already mapped"), std::string::npos);
-  EXPECT_EQ(device->map(other, 2 * MiB, handle, 4 * MiB), Status::invalid_argument);
-  EXPECT_NE(device->last_error().find("lies outside the handle's 4.00 MiB"), std::string::npos);
-  EXPECT_EQ(device->map(other, 2 * MiB, PhysicalHandle{0x999}, 0), Status::invalid_argument);
+  EXPECT_EQ(device->map(other, PhysicalHandle{handle.handle, 2 * MiB}), Status::not_supported);
+  EXPECT_NE(device->last_error().find("the driver maps a handle only whole"), std::string::npos)
+      << device->last_error();
+  EXPECT_EQ(device->map(other, PhysicalHandle{handle.handle, 8 * MiB}), Status::invalid_argument);
+  EXPECT_NE(device->last_error().find("8.00 MiB is more than the handle's 4.00 MiB"),
+            std::string::npos)
+      << device->last_error();
+  EXPECT_EQ(device->map(other, PhysicalHandle{0x999, 2 * MiB}), Status::invalid_argument);
   EXPECT_NE(device->last_error().find("unknown or released physical handle 0x999"),
             std::string::npos);
-  EXPECT_EQ(device->map(static_cast<char*>(other) + 2 * MiB, 4 * MiB, handle, 0),
-            Status::invalid_argument);
+  EXPECT_EQ(device->map(static_cast<char*>(other) + MiB, small), Status::invalid_argument);
+  EXPECT_NE(device->last_error().find("must be a multiple of the granularity"), std::string::npos);
+  EXPECT_EQ(device->map(static_cast<char*>(other) + 2 * MiB, handle), Status::invalid_argument);
   EXPECT_NE(device->last_error().find("not inside one reservation"), std::string::npos);
+  const PhysicalHandle run[] = {small, small, small};
+  EXPECT_EQ(device->map_run(other, run, 3), Status::invalid_argument);
+  EXPECT_NE(device->last_error().find("not inside one reservation"), std::string::npos);
+  const PhysicalHandle part_in_run[] = {small, PhysicalHandle{handle.handle, 2 * MiB}};
+  EXPECT_EQ(device->map_run(other, part_in_run, 2), Status::not_supported);
+  EXPECT_NE(device->last_error().find("map_run handle 1 of 2"), std::string::npos);
+  EXPECT_EQ(device->map_run(other, run, 0), Status::invalid_argument);
   EXPECT_EQ(device->unmap(base, 2 * MiB), Status::invalid_argument);
   EXPECT_NE(device->last_error().find("would unmap part of the mapping"), std::string::npos);
   EXPECT_EQ(device->unmap(base + 2 * MiB, 2 * MiB), Status::invalid_argument);
@@ -725,10 +928,10 @@ TEST_F(FakeCudaTest, VmmAfterTheDriverShutDownReturningSucceedsAndMappingFails) 
   ASSERT_EQ(device->reserve(4 * MiB, 0, &va), Status::ok);
   ASSERT_EQ(device->create_physical(2 * MiB, &handle), Status::ok);
   ASSERT_EQ(device->create_physical(2 * MiB, &spare), Status::ok);
-  ASSERT_EQ(device->map(va, 2 * MiB, handle, 0), Status::ok);
+  ASSERT_EQ(device->map(va, handle), Status::ok);
   fake().deinitialized = true;
 
-  EXPECT_EQ(device->map(static_cast<char*>(va) + 2 * MiB, 2 * MiB, spare, 0), Status::device_error);
+  EXPECT_EQ(device->map(static_cast<char*>(va) + 2 * MiB, spare), Status::device_error);
   EXPECT_EQ(device->last_error(),
             "cuda:0 map: cuMemMap: CUDA is shutting down (the process is exiting)");
   EXPECT_EQ(device->unmap(va, 2 * MiB), Status::ok);
@@ -747,7 +950,7 @@ TEST_F(FakeCudaTest, VmmUnmapWhenTheRuntimeShutDownForgetsTheMappings) {
   PhysicalHandle handle;
   ASSERT_EQ(device->reserve(2 * MiB, 0, &va), Status::ok);
   ASSERT_EQ(device->create_physical(2 * MiB, &handle), Status::ok);
-  ASSERT_EQ(device->map(va, 2 * MiB, handle, 0), Status::ok);
+  ASSERT_EQ(device->map(va, handle), Status::ok);
   fake().unloading = true;  // the device guard meets the shutdown before the driver does
   EXPECT_EQ(device->unmap(va, 2 * MiB), Status::ok);
   EXPECT_EQ(device->live_mappings(), 0u);

@@ -37,6 +37,12 @@ struct CudaFactoryOf {
     EXPECT_EQ(cudaStreamDestroy(stream.native<CUstream_st>()), cudaSuccess);
   }
   static bool fail_next(Device&, DeviceOp) { return false; }  // a real driver fails on its own
+  /// The driver's free figure moves on its own: on an H200 it grew by 2 MiB (one granule)
+  /// between two reads with no call of ours between them (../shared/reference/h200/README.md),
+  /// as the driver takes and returns memory for its own use. Two granules either way covers
+  /// that; a leak of one or two granules then goes unseen here, but the simulated and fake
+  /// devices run the same tests with no drift and catch it.
+  static constexpr std::size_t kFreeMemoryDriftGranules = 2;
 };
 
 struct CudaFactory : CudaFactoryOf<CudaDevice> {};
@@ -78,31 +84,32 @@ TEST(CudaGpu, NameAndCapacityAreTheRuntimes) {
   EXPECT_EQ(info.total, properties.totalGlobalMem);
 }
 
-TEST(CudaGpu, MappedPagesFromTwoHandlesAreOneUsableRange) {
+TEST(CudaGpu, DriverRuleAccessOverSeveralWholeMappingsMakesOneUsableRange) {
+  // map_run: one cuMemMap per handle and one cuMemSetAccess over the run; the whole run is then
+  // usable as one range, across the boundaries of its mappings.
   CISTERN_REQUIRE_GPU();
   CudaVmmDevice device;
   const std::size_t granule = device.granularity();
   void* va = nullptr;
-  PhysicalHandle low;
-  PhysicalHandle high;
-  ASSERT_EQ(device.reserve(2 * granule, 0, &va), Status::ok) << device.last_error();
-  ASSERT_EQ(device.create_physical(granule, &low), Status::ok) << device.last_error();
-  ASSERT_EQ(device.create_physical(granule, &high), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(va, granule, low, 0), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(static_cast<char*>(va) + granule, granule, high, 0), Status::ok)
-      << device.last_error();
-  // One memset across the boundary of the two mappings.
-  ASSERT_EQ(cudaMemset(va, 0x5a, 2 * granule), cudaSuccess);
-  EXPECT_EQ(count_of(read_back(va, 2 * granule), 0x5a), 2 * granule);
-  EXPECT_EQ(device.unmap(va, 2 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(device.release_physical(low), Status::ok);
-  EXPECT_EQ(device.release_physical(high), Status::ok);
-  EXPECT_EQ(device.release_reservation(va, 2 * granule), Status::ok);
+  PhysicalHandle handles[3];
+  ASSERT_EQ(device.reserve(4 * granule, 0, &va), Status::ok) << device.last_error();
+  ASSERT_EQ(device.create_physical(granule, &handles[0]), Status::ok) << device.last_error();
+  ASSERT_EQ(device.create_physical(2 * granule, &handles[1]), Status::ok) << device.last_error();
+  ASSERT_EQ(device.create_physical(granule, &handles[2]), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map_run(va, handles, 3), Status::ok) << device.last_error();
+  // One memset across the boundaries of the three mappings.
+  ASSERT_EQ(cudaMemset(va, 0x5a, 4 * granule), cudaSuccess);
+  EXPECT_EQ(count_of(read_back(va, 4 * granule), 0x5a), 4 * granule);
+  EXPECT_EQ(device.unmap(va, 4 * granule), Status::ok) << device.last_error();
+  for (const PhysicalHandle handle : handles)
+    EXPECT_EQ(device.release_physical(handle), Status::ok);
+  EXPECT_EQ(device.release_reservation(va, 4 * granule), Status::ok);
 }
 
-TEST(CudaGpu, OneHandleMappedAtTwoAddressesIsTheSameMemory) {
-  // What a stitched or rebuilt range relies on: pages keep their contents wherever they are
-  // mapped, and a granule run from the middle of a handle is the handle's memory at that offset.
+TEST(CudaGpu, DriverRuleOneHandleMapsAtTwoAddressesAsTheSameMemory) {
+  // What a stitched or rebuilt range relies on: a handle mapped at a second address while the
+  // first mapping stays is the same memory, written through one address and read through the
+  // other, and a released handle's memory stays usable until its last mapping goes.
   CISTERN_REQUIRE_GPU();
   CudaVmmDevice device;
   const std::size_t granule = device.granularity();
@@ -110,24 +117,26 @@ TEST(CudaGpu, OneHandleMappedAtTwoAddressesIsTheSameMemory) {
   void* second = nullptr;
   PhysicalHandle handle;
   ASSERT_EQ(device.reserve(2 * granule, 0, &first), Status::ok) << device.last_error();
-  ASSERT_EQ(device.reserve(granule, 0, &second), Status::ok) << device.last_error();
+  ASSERT_EQ(device.reserve(2 * granule, 0, &second), Status::ok) << device.last_error();
   ASSERT_EQ(device.create_physical(2 * granule, &handle), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(first, 2 * granule, handle, 0), Status::ok) << device.last_error();
-  ASSERT_EQ(device.map(second, granule, handle, granule), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(first, handle), Status::ok) << device.last_error();
+  ASSERT_EQ(device.map(second, handle), Status::ok) << device.last_error();
   char* upper = static_cast<char*>(first) + granule;
+  char* second_upper = static_cast<char*>(second) + granule;
   ASSERT_EQ(cudaMemset(first, 0x11, granule), cudaSuccess);
   ASSERT_EQ(cudaMemset(upper, 0x22, granule), cudaSuccess);
-  EXPECT_EQ(count_of(read_back(second, granule), 0x22), granule);
-  ASSERT_EQ(cudaMemset(second, 0x33, granule), cudaSuccess);
+  EXPECT_EQ(count_of(read_back(second, granule), 0x11), granule);
+  EXPECT_EQ(count_of(read_back(second_upper, granule), 0x22), granule);
+  ASSERT_EQ(cudaMemset(second_upper, 0x33, granule), cudaSuccess);
   EXPECT_EQ(count_of(read_back(upper, granule), 0x33), granule);
   EXPECT_EQ(count_of(read_back(first, granule), 0x11), granule);
   // Released while mapped: the memory stays usable until its last mapping goes.
   EXPECT_EQ(device.release_physical(handle), Status::ok) << device.last_error();
   EXPECT_EQ(device.unmap(first, 2 * granule), Status::ok) << device.last_error();
-  EXPECT_EQ(count_of(read_back(second, granule), 0x33), granule);
-  EXPECT_EQ(device.unmap(second, granule), Status::ok) << device.last_error();
+  EXPECT_EQ(count_of(read_back(second_upper, granule), 0x33), granule);
+  EXPECT_EQ(device.unmap(second, 2 * granule), Status::ok) << device.last_error();
   EXPECT_EQ(device.release_reservation(first, 2 * granule), Status::ok);
-  EXPECT_EQ(device.release_reservation(second, granule), Status::ok);
+  EXPECT_EQ(device.release_reservation(second, 2 * granule), Status::ok);
 }
 
 TEST(CudaGpu, CachingAllocatorOnTheVmmDeviceKeepsDataIntactUnderATightLimit) {
