@@ -8,18 +8,23 @@
 // 200; 20 with --smoke), after an untimed warm-up round:
 //   cuMemAddressReserve / cuMemAddressFree of 9/8 of the device's memory (as PyTorch reserves);
 //   cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease of 2 MiB and 20 MiB handles
-//     (the engine's two page sizes), in batches: create a batch, map each at a fresh address,
-//     set its access, unmap each, release each - the order a growing and shrinking pool makes;
-//   one cuMemSetAccess over ten adjacent 2 MiB mappings (what PyTorch does per expansion);
-//   cudaEventRecord, cudaEventQuery and cudaStreamSynchronize on an idle stream (the query then
-//     synchronise pair reclaim pays per stream), and cudaDeviceSynchronize;
-//   cudaMalloc / cudaFree at 2, 20 and 200 MiB (the segment calls the model also prices);
+//     (PyTorch's two page sizes), 200 MiB and 2 GiB ones, in batches: create a batch, map each
+//     at a fresh address, set its access, unmap each, release each - the order a growing and
+//     shrinking pool makes;
+//   one cuMemSetAccess and one cuMemUnmap over 1, 8, 64 and 512 adjacent mappings of 2 MiB
+//     handles, and over one handle of 512 granules mapped whole (a quarter of the repetitions):
+//     the cost per mapping covered (a least-squares slope, printed) and per MiB of a mapping;
+//   cudaEventRecord, cudaEventQuery, cudaStreamSynchronize and cudaEventSynchronize on an idle
+//     stream (the query then synchronise pair reclaim pays per stream), and cudaDeviceSynchronize;
+//   cudaMalloc / cudaFree at 2, 20, 200 MiB and 2 GiB (the segment calls the model also prices);
+//   sizes over a quarter of the GPU's memory are skipped;
 //   the same VMM calls through CudaVmmDevice (the device contract: tracking and device guard
 //     included; its map is cuMemMap + cuMemSetAccess).
 // Writes DIR/bench_vmm.json (every call: median, p99, mean, min, max; and the cost model's
-// figures) and DIR/bench_vmm.md. Without a usable GPU (or without virtual memory management) it
-// prints one "bench_vmm: SKIPPED: ..." line and exits 0. --self-test checks the summaries, the
-// cost-model derivation and the output on made-up samples, without a GPU.
+// fields, which `cistern replay --cost-model DIR/bench_vmm.json` reads) and DIR/bench_vmm.md.
+// Without a usable GPU (or without virtual memory management) it prints one "bench_vmm: SKIPPED:
+// ..." line and exits 0. --self-test checks the summaries, the cost-model derivation and the output
+// on made-up samples, without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -40,6 +45,7 @@
 #include "cistern/errors.hpp"
 #include "cistern/types.hpp"
 #include "cuda/cuda_api.hpp"
+#include "replay/engine.hpp"
 #include "vmm_costs.hpp"
 
 namespace cistern::bench {
@@ -193,33 +199,26 @@ class VmmBench {
 
   /// Create, map, set access, unmap and release of `count` handles of `bytes`, in batches.
   void handles(std::size_t bytes, const std::string& suffix, std::size_t count, std::size_t batch) {
+    if (!fits(batch * bytes)) return;
     for (std::size_t done = 0; done < count; done += batch) {
       handle_batch(bytes, suffix, std::min(batch, count - done));
     }
   }
 
-  /// One cuMemSetAccess, then one cuMemUnmap, over ten adjacent 2 MiB mappings, `repetitions`
-  /// times.
-  void set_access_span(int repetitions) {
-    constexpr std::size_t kPieces = 10;
+  /// One cuMemSetAccess, then one cuMemUnmap, over `n` adjacent mappings of 2 MiB handles for
+  /// each n of kSpanMappings, and over one handle of 512 granules mapped whole, `repetitions`
+  /// times each: the series "set_access_<n>x2mib", "unmap_<n>x2mib", "set_access_1x1024mib" and
+  /// "unmap_1x1024mib" of vmm_costs.hpp.
+  void spans(int repetitions) {
     const std::size_t piece = round_up(2 * MiB);
+    for (const std::size_t n : kSpanMappings) {
+      if (!fits(n * piece)) continue;
+      for (int r = 0; r < repetitions; ++r) span(n, piece, std::to_string(n) + "x2mib");
+    }
+    const std::size_t whole = round_up(kWholeHandleMiB * MiB);
+    if (!fits(whole)) return;
     for (int r = 0; r < repetitions; ++r) {
-      const CUdeviceptr va = reserve_untimed(kPieces * piece);
-      std::vector<CUmemGenericAllocationHandle> handles(kPieces);
-      for (std::size_t i = 0; i < kPieces; ++i) {
-        handles[i] = create_untimed(piece);
-        check(driver_.api().mem_map(va + i * piece, piece, 0, handles[i], 0), "cuMemMap");
-      }
-      const CUmemAccessDesc access = driver_.access();
-      driver_time("set_access_10x2mib", "cuMemSetAccess", kPieces * piece,
-                  [&] { return driver_.api().mem_set_access(va, kPieces * piece, &access, 1); });
-      // The ten mappings in one cuMemUnmap, as cistern's engine unmaps a run of pages.
-      driver_time("unmap_10x2mib", "cuMemUnmap", kPieces * piece,
-                  [&] { return driver_.api().mem_unmap(va, kPieces * piece); });
-      for (std::size_t i = 0; i < kPieces; ++i) {
-        check(driver_.api().mem_release(handles[i]), "cuMemRelease");
-      }
-      check(driver_.api().mem_address_free(va, kPieces * piece), "cuMemAddressFree");
+      span(1, whole, "1x" + std::to_string(kWholeHandleMiB) + "mib");
     }
   }
 
@@ -237,6 +236,9 @@ class VmmBench {
       runtime_time("stream_sync", "cudaStreamSynchronize",
                    [&] { return cudaStreamSynchronize(stream); });
       recorder_.add("query_sync_pair", "cudaEventQuery + cudaStreamSynchronize", 0, ns_since(pair));
+      check_cuda(cudaEventRecord(event, stream), "cudaEventRecord");
+      runtime_time("event_sync", "cudaEventSynchronize",
+                   [&] { return cudaEventSynchronize(event); });
       runtime_time("device_sync", "cudaDeviceSynchronize", [] { return cudaDeviceSynchronize(); });
     }
     (void)cudaEventDestroy(event);
@@ -245,6 +247,7 @@ class VmmBench {
 
   /// cudaMalloc and cudaFree of `bytes`.
   void segments(std::size_t bytes, const std::string& suffix, int repetitions) {
+    if (!fits(bytes)) return;
     for (int i = 0; i < repetitions; ++i) {
       void* ptr = nullptr;
       runtime_time(
@@ -276,6 +279,30 @@ class VmmBench {
  private:
   std::size_t round_up(std::size_t bytes) const {
     return (bytes + granularity_ - 1) / granularity_ * granularity_;
+  }
+
+  /// Whether `bytes` held at once is at most a quarter of the GPU's memory (a larger size is
+  /// skipped: its series stays absent, its figures null).
+  bool fits(std::size_t bytes) const { return bytes <= total_memory_ / 4; }
+
+  /// `n` handles of `bytes` mapped side by side (untimed), then one cuMemSetAccess and one
+  /// cuMemUnmap over all of them, timed as "set_access_<name>" and "unmap_<name>".
+  void span(std::size_t n, std::size_t bytes, const std::string& name) {
+    const CUdeviceptr va = reserve_untimed(n * bytes);
+    std::vector<CUmemGenericAllocationHandle> handles(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      handles[i] = create_untimed(bytes);
+      check(driver_.api().mem_map(va + i * bytes, bytes, 0, handles[i], 0), "cuMemMap");
+    }
+    const CUmemAccessDesc access = driver_.access();
+    driver_time("set_access_" + name, "cuMemSetAccess", n * bytes,
+                [&] { return driver_.api().mem_set_access(va, n * bytes, &access, 1); });
+    driver_time("unmap_" + name, "cuMemUnmap", n * bytes,
+                [&] { return driver_.api().mem_unmap(va, n * bytes); });
+    for (const CUmemGenericAllocationHandle handle : handles) {
+      check(driver_.api().mem_release(handle), "cuMemRelease");
+    }
+    check(driver_.api().mem_address_free(va, n * bytes), "cuMemAddressFree");
   }
 
   void check(CUresult result, const char* call) const { driver_.check(result, call); }
@@ -348,18 +375,21 @@ class VmmBench {
   Recorder recorder_;
 };
 
-/// Every measurement, `repetitions` times each (handles in batches of at most 50 2 MiB or 20
-/// 20 MiB ones: 100 MiB and 400 MiB held at once).
+/// Every measurement, `repetitions` times each (handles in batches of at most 50 2 MiB, 20
+/// 20 MiB, 5 200 MiB or one 2 GiB: at most 2 GiB held at once), the spans a quarter as often.
 void measure_all(VmmBench& bench, CudaVmmDevice& device, int repetitions) {
   const auto count = static_cast<std::size_t>(repetitions);
   bench.reserve(repetitions);
   bench.handles(2 * MiB, "2mib", count, 50);
   bench.handles(20 * MiB, "20mib", count, 20);
-  bench.set_access_span(std::max(1, repetitions / 4));
+  bench.handles(200 * MiB, "200mib", count, 5);
+  bench.handles(2048 * MiB, "2048mib", count, 1);
+  bench.spans(std::max(1, repetitions / 4));
   bench.events(repetitions);
   bench.segments(2 * MiB, "2mib", repetitions);
   bench.segments(20 * MiB, "20mib", repetitions);
   bench.segments(200 * MiB, "200mib", repetitions);
+  bench.segments(2048 * MiB, "2048mib", repetitions);
   bench.contract(device, 2 * MiB, "2mib", repetitions);
   bench.contract(device, 20 * MiB, "20mib", repetitions);
 }
@@ -427,7 +457,9 @@ int run_on_gpu(const Args& args) {
   measure_all(bench, *device, 2);
   bench.recorder().set_timing(true);
   measure_all(bench, *device, args.repetitions);
-  write_results(args, results_json(env, bench.recorder().all(), args.repetitions));
+  const Json results = results_json(env, bench.recorder().all(), args.repetitions);
+  std::fputs(fits_text(results).c_str(), stdout);
+  write_results(args, results);
   return 0;
 }
 
@@ -446,19 +478,39 @@ struct Expectations {
 /// Series with known order statistics and costs that lie on known lines.
 std::vector<CallSeries> made_up_series() {
   std::vector<CallSeries> series;
-  const auto constant = [&](const char* name, const char* call, std::size_t bytes, double ns) {
+  const auto constant = [&](const std::string& name, const char* call, std::size_t bytes,
+                            double ns) {
     series.push_back(CallSeries{name, call, bytes, std::vector<double>(5, ns)});
   };
   CallSeries ramp{"create_2mib", "cuMemCreate", 2 * MiB, {}};
   for (int i = 100; i >= 1; --i) ramp.ns.push_back(i * 1000.0);  // 1..100 us, reversed
   series.push_back(ramp);
-  constant("create_20mib", "cuMemCreate", 20 * MiB, 68'500);  // with 2 MiB: 48.5 us + 1 us/MiB
+  // With 2 MiB's median (50.5 us) and 2 GiB's: 48.5 us + 1 us/MiB; 20 MiB off the line (the
+  // line goes through the smallest and the largest size).
+  constant("create_20mib", "cuMemCreate", 20 * MiB, 99'000);
+  constant("create_2048mib", "cuMemCreate", 2048 * MiB, 48'500 + 2048 * 1'000.0);
   constant("map_2mib", "cuMemMap", 2 * MiB, 1'500);
   constant("set_access_2mib", "cuMemSetAccess", 2 * MiB, 30'000);
   constant("unmap_2mib", "cuMemUnmap", 2 * MiB, 20'000);
-  constant("unmap_10x2mib", "cuMemUnmap", 20 * MiB, 29'000);  // 1 us per further mapping
   constant("release_2mib", "cuMemRelease", 2 * MiB, 5'000);
+  // Spans: cuMemSetAccess 30 us per 2 MiB mapping and nothing per call; cuMemUnmap 20 us per
+  // mapping and 0.5 us per call. One 1 GiB handle: 30 + 1022 x 0.05 us and 20 + 1022 x 0.01 us,
+  // so 50 and 10 ns per MiB.
+  for (const std::size_t n : kSpanMappings) {
+    const std::string name = std::to_string(n) + "x2mib";
+    const auto mappings = static_cast<double>(n);
+    constant("set_access_" + name, "cuMemSetAccess", n * 2 * MiB, 30'000 * mappings);
+    constant("unmap_" + name, "cuMemUnmap", n * 2 * MiB, 500 + 20'000 * mappings);
+  }
+  constant("set_access_1x1024mib", "cuMemSetAccess", GiB, 30'000 + 1022 * 50.0);
+  constant("unmap_1x1024mib", "cuMemUnmap", GiB, 20'000 + 1022 * 10.0);
+  constant("reserve", "cuMemAddressReserve", 8 * GiB, 6'000);
+  constant("address_free", "cuMemAddressFree", 8 * GiB, 7'000);
+  constant("event_record", "cudaEventRecord", 0, 1'000);
   constant("event_query", "cudaEventQuery", 0, 2'000);
+  constant("stream_sync", "cudaStreamSynchronize", 0, 3'000);
+  constant("event_sync", "cudaEventSynchronize", 0, 4'000);
+  constant("device_sync", "cudaDeviceSynchronize", 0, 5'000);
   // cudaMalloc: 40 us + 1 us per MiB exactly.
   for (const std::size_t mib : {2, 20, 200}) {
     series.push_back(CallSeries{"cuda_malloc_" + std::to_string(mib) + "mib",
@@ -478,6 +530,14 @@ int self_test(const Args& args) {
   expect.near(s.min, 1'000, "min");
   expect.near(s.max, 100'000, "max");
   expect.near(summarize({3, 1, 2}).median, 2, "median of an odd count");
+  const SlopeFit exact = fit_relative({{1, 3}, {8, 17}, {64, 129}});  // 1 + 2 n
+  expect.near(exact.intercept_ns, 1, "intercept of 1 + 2 n");
+  expect.near(exact.slope_ns, 2, "slope of 1 + 2 n");
+  // Weights 1/ns^2: the line that least squares of the relative errors gives (worked out in
+  // fractions: -400/729 + 7660/729 n; plain least squares would give -5.6 + 11.05 n).
+  const SlopeFit relative = fit_relative({{1, 10}, {10, 100}, {100, 1100}});
+  expect.near(relative.intercept_ns, -400.0 / 729, "relative fit's intercept");
+  expect.near(relative.slope_ns, 7660.0 / 729, "relative fit's slope");
   const Json env = {{"device", "made up (bench_vmm --self-test)"},
                     {"memory", 0},
                     {"granularity", 2 * MiB},
@@ -485,20 +545,53 @@ int self_test(const Args& args) {
                     {"cuda_driver", 0}};
   const Json results = results_json(env, made_up_series(), 100);
   const Json& fields = results["cost_model"]["fields"];
-  expect.near(fields["alloc_ns"].get<double>(), 40'000, "alloc_ns");
-  expect.near(fields["alloc_ns_per_mib"].get<double>(), 1'000, "alloc_ns_per_mib");
-  expect.near(fields["create_ns"].get<double>(), 48'500, "create_ns");
-  expect.near(fields["create_ns_per_mib"].get<double>(), 1'000, "create_ns_per_mib");
-  expect.near(fields["map_ns"].get<double>(), 1'500, "map_ns");
-  expect.near(fields["access_ns"].get<double>(), 30'000, "access_ns");
-  expect.near(fields["unmap_ns"].get<double>(), 20'000, "unmap_ns");
-  expect.near(fields["unmap_extra_ns"].get<double>(), 1'000, "unmap_extra_ns");
-  expect.near(fields["event_ns"].get<double>(), 2'000, "event_ns");
+  // Every field of the replay's cost model, in its order, and no other: `cistern replay
+  // --cost-model bench_vmm.json` takes them as they are.
+  std::vector<std::string> names;
+  for (const auto& [key, value] : fields.items()) names.push_back(key);
+  std::vector<std::string> model;
+  for (const replay::CostModel::Field& f : replay::CostModel::fields()) model.emplace_back(f.name);
+  if (names != model) {
+    std::printf("bench_vmm: self-test: the fields are not replay::CostModel's\n");
+    ++expect.failures;
+  }
+  const auto field = [&fields](const char* name) {
+    return fields[name].is_null() ? -1.0 : fields[name].get<double>();
+  };
+  expect.near(field("alloc_ns"), 40'000, "alloc_ns");
+  expect.near(field("alloc_ns_per_mib"), 1'000, "alloc_ns_per_mib");
+  expect.near(field("create_ns"), 48'500, "create_ns");
+  expect.near(field("create_ns_per_mib"), 1'000, "create_ns_per_mib");
+  expect.near(field("reserve_ns"), 6'000, "reserve_ns");
+  expect.near(field("release_reservation_ns"), 7'000, "release_reservation_ns");
+  expect.near(field("map_ns"), 1'500, "map_ns");
+  expect.near(field("access_ns"), 30'000 - 2 * 50, "access_ns");
+  expect.near(field("access_ns_per_mib"), 50, "access_ns_per_mib");
+  expect.near(field("unmap_ns"), 20'000 - 2 * 10, "unmap_ns");
+  expect.near(field("unmap_ns_per_mib"), 10, "unmap_ns_per_mib");
+  expect.near(field("event_record_ns"), 1'000, "event_record_ns");
+  expect.near(field("event_query_ns"), 2'000, "event_query_ns");
+  expect.near(field("sync_stream_ns"), 3'000, "sync_stream_ns");
+  expect.near(field("sync_event_ns"), 4'000, "sync_event_ns");
+  expect.near(field("sync_device_ns"), 5'000, "sync_device_ns");
+  const Json& unmap_fit = results["cost_model"]["fits"]["unmap_per_mapping"];
+  expect.near(unmap_fit["slope_ns"].get<double>(), 20'000, "unmap slope");
+  expect.near(unmap_fit["intercept_ns"].get<double>(), 500, "unmap intercept");
+  expect.near(static_cast<double>(unmap_fit["points"].size()), 4, "unmap points");
   if (!fields["free_ns"].is_null() || !fields["release_ns"].is_null() ||
-      !results["cost_model"]["calls"]["sync_ns"].is_null()) {
+      !results["cost_model"]["calls"]["query_sync_pair_ns"].is_null()) {
     std::printf("bench_vmm: self-test: unmeasured figures must be null\n");
     ++expect.failures;
   }
+  // The fields as the replay reads them: a model whose prices are the made-up calls'.
+  replay::CostModel read = replay::CostModel::h200();
+  for (const auto& [key, value] : fields.items()) {
+    if (!value.is_null()) read.set(key, value.get<double>());
+  }
+  expect.near(read.access_price(2 * MiB), 30'000, "the model's 2 MiB access grant");
+  expect.near(read.unmap_price(GiB), 30'220, "the model's unmap of 1 GiB handle");
+  expect.near(read.create_price(2048 * MiB), 48'500 + 2048 * 1'000.0, "the model's 2 GiB create");
+  std::fputs(fits_text(results).c_str(), stdout);
   write_results(args, results);
   return expect.failures == 0 ? 0 : 1;
 }

@@ -51,22 +51,67 @@ Json sum_of(const std::vector<CallSeries>& series, std::initializer_list<std::st
   return total;
 }
 
-/// `fixed_ns` and `per_mib_ns` of the calls "<prefix>_<n>mib" measured at several sizes.
+/// `fixed_ns` and `per_mib_ns` of the calls "<prefix>_<n>mib" measured at several sizes: a line
+/// through the medians at the smallest and the largest size (the model's own derivation: exact
+/// at both ends, docs/cost-model.md); null where fewer than two sizes were measured.
 std::pair<Json, Json> size_fit(const std::vector<CallSeries>& series, const std::string& prefix) {
   std::vector<std::pair<double, double>> points;
   for (const CallSeries& s : series) {
     if (s.name.rfind(prefix + "_", 0) != 0 || s.ns.empty() || s.bytes == 0) continue;
+    // "<prefix>_<digits>mib" only: not the spans ("unmap_8x2mib") of the per-mapping fits.
+    const std::string size = s.name.substr(prefix.size() + 1);
+    if (size.find('x') != std::string::npos) continue;
     points.emplace_back(static_cast<double>(s.bytes) / (1024.0 * 1024.0), summarize(s.ns).median);
   }
   if (points.size() < 2) return {nullptr, nullptr};
-  const LinearFit fit = fit_line(points);
+  const auto [small, large] = std::minmax_element(points.begin(), points.end());
+  if (large->first <= small->first) return {nullptr, nullptr};
+  const LinearFit fit = fit_line({*small, *large});
   return {fit.fixed_ns, fit.per_mib_ns};
+}
+
+/// The per-mapping fit of one call over 1, 8, 64, 512 mappings of 2 MiB ("<prefix>_<n>x2mib") and
+/// its one handle mapped whole ("<prefix>_1x1024mib"), as the JSON of `fits`.
+Json mapping_fit(const std::vector<CallSeries>& series, const std::string& prefix) {
+  Json fit;
+  Json points = Json::array();
+  std::vector<std::pair<double, double>> n_ns;
+  for (const std::size_t n : kSpanMappings) {
+    const Json median = median_of(series, prefix + "_" + std::to_string(n) + "x2mib");
+    if (median.is_null()) continue;
+    points.push_back({n, median});
+    n_ns.emplace_back(static_cast<double>(n), median.get<double>());
+  }
+  fit["points"] = std::move(points);
+  if (n_ns.size() >= 2) {
+    const SlopeFit line = fit_relative(n_ns);
+    fit["intercept_ns"] = line.intercept_ns;
+    fit["slope_ns"] = line.slope_ns;
+  } else {
+    fit["intercept_ns"] = nullptr;
+    fit["slope_ns"] = nullptr;
+  }
+  fit["whole_handle_mib"] = kWholeHandleMiB;
+  fit["whole_handle_ns"] =
+      median_of(series, prefix + "_1x" + std::to_string(kWholeHandleMiB) + "mib");
+  return fit;
+}
+
+/// The model's fixed part and part per MiB of a call priced per mapping: a line through a 2 MiB
+/// mapping's share (the fit's slope) and the handle mapped whole; null where either is missing.
+std::pair<Json, Json> per_mapping_fields(const Json& fit) {
+  if (fit["slope_ns"].is_null() || fit["whole_handle_ns"].is_null()) return {nullptr, nullptr};
+  const LinearFit line =
+      fit_line({{2.0, fit["slope_ns"].get<double>()},
+                {static_cast<double>(kWholeHandleMiB), fit["whole_handle_ns"].get<double>()}});
+  return {line.fixed_ns, line.per_mib_ns};
 }
 
 std::string us(const Json& ns) {
   if (ns.is_null()) return "-";
   char text[32];
-  std::snprintf(text, sizeof text, "%.2f", ns.get<double>() / 1000.0);
+  const double us = ns.get<double>() / 1000.0;
+  std::snprintf(text, sizeof text, "%.2f", std::abs(us) < 0.005 ? 0.0 : us);  // no "-0.00"
   return text;
 }
 
@@ -126,7 +171,35 @@ const CallSeries* find_series(const std::vector<CallSeries>& series, const std::
   return nullptr;
 }
 
+SlopeFit fit_relative(const std::vector<std::pair<double, double>>& n_ns) {
+  double w = 0;
+  double wx = 0;
+  double wy = 0;
+  double wxx = 0;
+  double wxy = 0;
+  for (const auto& [x, y] : n_ns) {
+    if (!(y > 0)) continue;  // a time of 0 carries no relative error
+    const double weight = 1.0 / (y * y);
+    w += weight;
+    wx += weight * x;
+    wy += weight * y;
+    wxx += weight * x * x;
+    wxy += weight * x * y;
+  }
+  SlopeFit fit;
+  const double determinant = w * wxx - wx * wx;
+  if (!(determinant > 1e-12 * w * wxx)) return fit;  // fewer than two distinct n
+  fit.slope_ns = (w * wxy - wx * wy) / determinant;
+  fit.intercept_ns = (wy - fit.slope_ns * wx) / w;
+  return fit;
+}
+
 Json cost_model(const std::vector<CallSeries>& series) {
+  Json fits;
+  fits["set_access_per_mapping"] = mapping_fit(series, "set_access");
+  fits["unmap_per_mapping"] = mapping_fit(series, "unmap");
+
+  // Every field of replay::CostModel, in its order.
   Json fields;
   const auto [alloc_fixed, alloc_per_mib] = size_fit(series, "cuda_malloc");
   const auto [free_fixed, free_per_mib] = size_fit(series, "cuda_free");
@@ -134,8 +207,8 @@ Json cost_model(const std::vector<CallSeries>& series) {
   fields["alloc_ns_per_mib"] = alloc_per_mib;
   fields["free_ns"] = free_fixed;
   fields["free_ns_per_mib"] = free_per_mib;
-  // Handles as segments: a fixed cost per call and a cost per MiB, fitted over the sizes timed
-  // (null where fewer than two sizes were); maps, access grants and unmaps per call.
+  fields["reserve_ns"] = median_of(series, "reserve");
+  fields["release_reservation_ns"] = median_of(series, "address_free");
   const auto [create_fixed, create_per_mib] = size_fit(series, "create");
   const auto [release_fixed, release_per_mib] = size_fit(series, "release");
   fields["create_ns"] = create_fixed;
@@ -143,40 +216,52 @@ Json cost_model(const std::vector<CallSeries>& series) {
   fields["release_ns"] = release_fixed;
   fields["release_ns_per_mib"] = release_per_mib;
   fields["map_ns"] = median_of(series, "map_2mib");
-  fields["access_ns"] = median_of(series, "set_access_2mib");
-  fields["unmap_ns"] = median_of(series, "unmap_2mib");
-  // Each further mapping one cuMemUnmap covers: ten mappings in one call against one alone.
-  const Json one = median_of(series, "unmap_2mib");
-  const Json ten = median_of(series, "unmap_10x2mib");
-  fields["unmap_extra_ns"] =
-      one.is_null() || ten.is_null()
-          ? Json()
-          : Json(std::max(0.0, (ten.get<double>() - one.get<double>()) / 9.0));
-  fields["event_ns"] = median_of(series, "event_query");
+  const auto [access_fixed, access_per_mib] = per_mapping_fields(fits["set_access_per_mapping"]);
+  const auto [unmap_fixed, unmap_per_mib] = per_mapping_fields(fits["unmap_per_mapping"]);
+  fields["access_ns"] = access_fixed;
+  fields["access_ns_per_mib"] = access_per_mib;
+  fields["unmap_ns"] = unmap_fixed;
+  fields["unmap_ns_per_mib"] = unmap_per_mib;
+  fields["event_record_ns"] = median_of(series, "event_record");
+  fields["event_query_ns"] = median_of(series, "event_query");
+  fields["sync_stream_ns"] = median_of(series, "stream_sync");
+  fields["sync_event_ns"] = median_of(series, "event_sync");
+  fields["sync_device_ns"] = median_of(series, "device_sync");
 
   Json calls;
-  calls["reserve_ns"] = median_of(series, "reserve");
-  calls["release_reservation_ns"] = median_of(series, "address_free");
   for (const char* size : {"2mib", "20mib"}) {
     const std::string s = size;
     calls["create_ns_" + s] = median_of(series, "create_" + s);
     calls["release_ns_" + s] = median_of(series, "release_" + s);
-    // One map of the device contract: cuMemMap and cuMemSetAccess over the run.
+    // One map of the device contract: cuMemMap and cuMemSetAccess of one handle.
     calls["map_call_ns_" + s] = sum_of(series, {"map_" + s, "set_access_" + s});
     calls["unmap_call_ns_" + s] = median_of(series, "unmap_" + s);
   }
-  calls["set_access_10x2mib_ns"] = median_of(series, "set_access_10x2mib");
-  calls["unmap_10x2mib_ns"] = median_of(series, "unmap_10x2mib");
-  calls["event_record_ns"] = median_of(series, "event_record");
-  calls["event_query_ns"] = median_of(series, "event_query");
-  calls["sync_ns"] = median_of(series, "stream_sync");
   calls["query_sync_pair_ns"] = median_of(series, "query_sync_pair");
-  calls["device_sync_ns"] = median_of(series, "device_sync");
 
   Json model;
   model["fields"] = std::move(fields);
+  model["fits"] = std::move(fits);
   model["calls"] = std::move(calls);
   return model;
+}
+
+std::string fits_text(const Json& results) {
+  std::string text;
+  for (const auto& [key, call] :
+       {std::pair<const char*, const char*>{"set_access_per_mapping", "cuMemSetAccess"},
+        {"unmap_per_mapping", "cuMemUnmap"}}) {
+    const Json& fit = results["cost_model"]["fits"][key];
+    text += std::string("bench_vmm: ") + call + " over n mappings of 2 MiB:";
+    for (const Json& point : fit["points"]) {
+      text += " " + std::to_string(point[0].get<std::size_t>()) + ": " + us(point[1]) + " us;";
+    }
+    text += " per mapping " + us(fit["slope_ns"]) + " us, intercept " + us(fit["intercept_ns"]) +
+            " us (least squares of relative errors); one " +
+            std::to_string(fit["whole_handle_mib"].get<std::size_t>()) +
+            " MiB handle mapped whole: " + us(fit["whole_handle_ns"]) + " us\n";
+  }
+  return text;
 }
 
 Json results_json(const Json& environment, const std::vector<CallSeries>& series, int repetitions) {
@@ -223,10 +308,29 @@ std::string results_markdown(const Json& results) {
           " |\n";
   }
   md +=
-      "\n### For the cost model (replay::CostModel, docs/cost-model.md; medians, ns)\n\n"
+      "\n### For the cost model (replay::CostModel, docs/cost-model.md; medians, ns; "
+      "`cistern replay --cost-model bench_vmm.json` reads them)\n\n"
       "| field | measured ns |\n|---|---:|\n";
   for (const auto& [key, value] : results["cost_model"]["fields"].items()) {
     md += "| `" + key + "` | " + rounded(value) + " |\n";
+  }
+  md +=
+      "\nPer-mapping fits (one call over n mappings of 2 MiB; least squares of the relative "
+      "errors; the handle mapped whole beside them):\n\n"
+      "| call | n: median us | per mapping us | intercept us | whole handle us |\n"
+      "|---|---|---:|---:|---:|\n";
+  for (const auto& [key, fit] : results["cost_model"]["fits"].items()) {
+    std::string points;
+    for (const Json& point : fit["points"]) {
+      points += (points.empty() ? "" : ", ") + std::to_string(point[0].get<std::size_t>()) + ": " +
+                us(point[1]);
+    }
+    md += "| " + key;
+    md += " | " + points;
+    md += " | " + us(fit["slope_ns"]);
+    md += " | " + us(fit["intercept_ns"]);
+    md += " | " + us(fit["whole_handle_ns"]);
+    md += " (" + std::to_string(fit["whole_handle_mib"].get<std::size_t>()) + " MiB) |\n";
   }
   md += "\nFiner figures (a model that prices handles, map calls and syncs apart):\n\n";
   md += "| figure | measured ns |\n|---|---:|\n";

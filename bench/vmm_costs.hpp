@@ -42,17 +42,40 @@ struct LinearFit {
 };
 LinearFit fit_line(const std::vector<std::pair<double, double>>& mib_ns);
 
+/// A straight line `intercept_ns + slope_ns x n` through (n, ns) points by least squares of the
+/// relative errors (weights 1/ns^2), so that a call over one mapping counts as much as one over
+/// 512. Not clamped: an intercept near 0 says that the call costs per mapping and nothing per
+/// call. Both zero for fewer than two distinct n.
+struct SlopeFit {
+  double intercept_ns = 0;
+  double slope_ns = 0;
+};
+SlopeFit fit_relative(const std::vector<std::pair<double, double>>& n_ns);
+
+/// The numbers of 2 MiB mappings that bench_vmm times one cuMemSetAccess and one cuMemUnmap over
+/// (series "set_access_<n>x2mib", "unmap_<n>x2mib"); and the handle mapped whole beside them
+/// (series "set_access_1x1024mib", "unmap_1x1024mib": one handle of 512 granules).
+constexpr std::size_t kSpanMappings[] = {1, 8, 64, 512};
+constexpr std::size_t kWholeHandleMiB = 1024;
+
 /// The measured series by name; nullptr when absent or empty.
 const CallSeries* find_series(const std::vector<CallSeries>& series, const std::string& name);
 
-/// The cost model's figures (docs/cost-model.md) from the measured medians, in ns. Two parts:
-/// "fields" holds the fields the model has (alloc_ns, alloc_ns_per_mib, free_ns, free_ns_per_mib,
-/// create_ns, create_ns_per_mib, release_ns, release_ns_per_mib, map_ns, access_ns, unmap_ns,
-/// unmap_extra_ns, event_ns), each a drop-in replacement for its default;
-/// "calls" the finer figures a model that prices handle creation, per-call mapping and reclaim's
-/// synchronisations apart takes (create_ns_2mib, map_call_ns_20mib, sync_ns, ...). A figure whose
-/// series was not measured is null.
+/// The cost model's figures (docs/cost-model.md) from the measured medians, in ns. Three parts:
+/// "fields" holds every field of `replay::CostModel` (`cistern replay --cost-model
+/// bench_vmm.json` reads them; null where the series behind a field was not measured):
+/// alloc_ns/_per_mib, free_ns/_per_mib, create_ns/_per_mib, release_ns/_per_mib (a line through
+/// the smallest and the largest size measured), reserve_ns, release_reservation_ns, map_ns (one
+/// 2 MiB cuMemMap), access_ns/_per_mib and unmap_ns/_per_mib (per mapping covered: a line through
+/// a 2 MiB mapping's share - the slope of `fits` - and the handle mapped whole), event_record_ns,
+/// event_query_ns, sync_stream_ns, sync_event_ns, sync_device_ns;
+/// "fits" the per-mapping fits of cuMemSetAccess and cuMemUnmap ({"points": [[n, ns], ...],
+/// "intercept_ns", "slope_ns", "whole_handle_mib", "whole_handle_ns"});
+/// "calls" finer figures (create_ns_2mib, map_call_ns_20mib, query_sync_pair_ns, ...).
 nlohmann::ordered_json cost_model(const std::vector<CallSeries>& series);
+
+/// The per-mapping fits as lines of text, for bench_vmm's output.
+std::string fits_text(const nlohmann::ordered_json& results);
 
 /// The whole result: environment, every series' summary, and the cost model.
 nlohmann::ordered_json results_json(const nlohmann::ordered_json& environment,

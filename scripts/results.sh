@@ -48,16 +48,12 @@ replay somas "$traces"/somas/*.csv
 replay minimalloc --scale 1024 "$traces"/minimalloc/*.csv
 
 real_traces=("$traces"/pytorch/*/*.pickle.gz "$traces"/kineto/*.json.gz "$traces"/somas/*.csv)
-# Device time at the low end of the published cost of creating a handle (the default is the high).
-echo "results.sh: device time at --handle-create-us 7.6" >&2
-"$cistern" replay --quiet --policy cistern,torch --handle-create-us 7.6 \
-  --json "$out/low-create.json" "${real_traces[@]}"
 # The steady state of a training step: each window three times in a row.
 echo "results.sh: --repeat 3" >&2
 "$cistern" replay --quiet --policy cistern,torch --repeat 3 --json "$out/repeat.json" \
   "${real_traces[@]}"
 # cistern on a device of exactly torch's min_capacity, trace by trace.
-rm -f "$out"/at-torch-min-*.json "$out"/at-torch-min-low-*.json
+rm -f "$out"/at-torch-min-*.json
 python3 - "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" >"$out/torch-min.txt" <<'PY'
 import json, sys
 for path in sys.argv[1:]:
@@ -70,8 +66,6 @@ while read -r capacity trace; do
   n=$((n + 1))
   "$cistern" replay --quiet --policy cistern --capacity "$capacity" \
     --json "$out/at-torch-min-$n.json" "$trace"
-  "$cistern" replay --quiet --policy cistern --capacity "$capacity" --handle-create-us 7.6 \
-    --json "$out/at-torch-min-low-$n.json" "$trace"
 done <"$out/torch-min.txt"
 
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -84,9 +78,7 @@ machine="$(uname -srm), ${cpu:-unknown CPU}, $(nproc) cores"
 python3 scripts/results_md.py --commit "$commit" --machine "$machine" \
   --version "$("$cistern" --version)" --example report-example.html \
   --example-trace "$example" \
-  --low-create "$out/low-create.json" --repeat "$out/repeat.json" \
-  --at-torch-min "$out"/at-torch-min-[0-9]*.json \
-  --at-torch-min-low "$out"/at-torch-min-low-*.json -- \
+  --repeat "$out/repeat.json" --at-torch-min "$out"/at-torch-min-*.json -- \
   "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" "$out/minimalloc.json" \
   >docs/results.md
 # Which PYTORCH_CUDA_ALLOC_CONF needs the least memory on each snapshot (a section of its own).

@@ -188,61 +188,53 @@ def fmt_times(x):
     return "-" if x is None else f"{x:.2f}x"
 
 
-def device_time_table(traces, low):
-    """At 80 GiB: each trace's device time (cost model) under torch and cistern, cistern at both
-    ends of the published cost of creating a handle; creations against torch's cudaMallocs; and
-    cistern's peak reserved against classic segments' (vmm=false)."""
-    head = ["trace", "torch", "cistern (create 193 us)", "/ torch", "cistern (create 7.6 us)",
-            "/ torch", "handles created / torch's cudaMallocs", "peak reserved / vmm=false"]
+def device_time_table(traces):
+    """At 80 GiB: each trace's device time (cost model) under torch and cistern; handles created
+    against torch's cudaMallocs; and cistern's peak reserved against classic segments'
+    (vmm=false)."""
+    head = ["trace", "torch", "cistern", "/ torch", "handles created / torch's cudaMallocs",
+            "peak reserved / vmm=false"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    worst = {"high": None, "low": None}
+    worst = None
     for name, rows in traces.items():
         torch, cistern = rows.get("torch"), rows.get("cistern")
         if not torch or not cistern:
             continue
-        lo = low.get(name, {}).get("cistern", {})
-        high_x = times(cistern.get("device_ms"), torch.get("device_ms"))
-        low_x = times(lo.get("device_ms"), low.get(name, {}).get("torch", {}).get("device_ms"))
-        for key, x in (("high", high_x), ("low", low_x)):
-            if x is not None and (worst[key] is None or x > worst[key]):
-                worst[key] = x
+        x = times(cistern.get("device_ms"), torch.get("device_ms"))
+        if x is not None and (worst is None or x > worst):
+            worst = x
         classic = rows.get("cistern:vmm=false", {}).get("peak_reserved")
         peak = fmt_ratio(times(cistern.get("peak_reserved"), classic))
         lines.append("| " + " | ".join([
-            f"`{name}`", ms(torch.get("device_ms")), ms(cistern.get("device_ms")),
-            fmt_times(high_x), ms(lo.get("device_ms")), fmt_times(low_x),
+            f"`{name}`", ms(torch.get("device_ms")), ms(cistern.get("device_ms")), fmt_times(x),
             f"{cistern.get('handle_creates', 0)} / {torch.get('device_allocs', 0)}", peak,
         ]) + " |")
     return "\n".join(lines), worst
 
 
-def at_capacity_table(traces, at_torch_min, at_torch_min_low):
+def at_capacity_table(traces, at_torch_min):
     """Device time and synchronisations at each policy's own min_capacity, and cistern's on a
-    device of torch's min_capacity at both ends of the cost of creating a handle."""
+    device of torch's min_capacity."""
     head = ["trace", "torch at its min_cap: ms", "syncs", "cistern at its min_cap: ms", "syncs",
-            "unmaps", "cistern at torch's min_cap: ms (193 us)", "/ torch", "ms (7.6 us)",
-            "/ torch", "syncs"]
+            "unmaps", "cistern at torch's min_cap: ms", "/ torch", "syncs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    worst = [None, None]
+    worst = None
     for name, rows in traces.items():
         t = (rows.get("torch") or {}).get("at_min_capacity")
         c = (rows.get("cistern") or {}).get("at_min_capacity")
         if not t or not c:
             continue
-        cells = [f"`{name}`", ms(t["device_ms"]), str(t["syncs"]), ms(c["device_ms"]),
-                 str(c["syncs"]), str(c["unmaps"])]
-        syncs = "-"
-        for k, runs in enumerate((at_torch_min, at_torch_min_low)):
-            there = runs.get(name, {}).get("cistern")
-            ok = there and not there.get("ooms")
-            x = times(there.get("device_ms"), t["device_ms"]) if ok else None
-            if x is not None and (worst[k] is None or x > worst[k]):
-                worst[k] = x
-            cells += [ms(there.get("device_ms")) if there else "-", fmt_times(x)]
-            if there:
-                syncs = str(there.get("syncs"))
-        lines.append("| " + " | ".join(cells + [syncs]) + " |")
-    return "\n".join(lines), worst[0], worst[1]
+        there = at_torch_min.get(name, {}).get("cistern")
+        ok = there and not there.get("ooms")
+        x = times(there.get("device_ms"), t["device_ms"]) if ok else None
+        if x is not None and (worst is None or x > worst):
+            worst = x
+        lines.append("| " + " | ".join([
+            f"`{name}`", ms(t["device_ms"]), str(t["syncs"]), ms(c["device_ms"]), str(c["syncs"]),
+            str(c["unmaps"]), ms(there.get("device_ms")) if there else "-", fmt_times(x),
+            str(there.get("syncs")) if there else "-",
+        ]) + " |")
+    return "\n".join(lines), worst
 
 
 def repeat_table(repeat):
@@ -265,28 +257,24 @@ def repeat_table(repeat):
     return "\n".join(lines), quiet, total
 
 
-def device_sections(real, low, repeat, at_torch_min, at_torch_min_low):
-    """The device-time sections (empty when their replays were not given)."""
+def device_sections(real, model, repeat, at_torch_min):
+    """The device-time sections (the at-the-limit and steady-state ones only when their replays
+    were given)."""
     out = []
-    if low:
-        table, worst = device_time_table(real, low)
-        out += ["## Device time", "",
-                "Simulated device time of each policy's device calls over the whole trace "
-                "(cost model, [cost-model.md](cost-model.md)), ms, on the 80 GiB device. The "
-                "published cost of creating a physical handle spans 7.6 to 193 us, so cistern's "
-                "figure is shown at both ends (torch makes no handle). Worst cistern / torch: "
-                f"{fmt_times(worst['high'])} at 193 us, {fmt_times(worst['low'])} at 7.6 us.", "",
-                table, ""]
+    table, worst = device_time_table(real)
+    out += ["## Device time", "",
+            "Simulated device time of each policy's device calls over the whole trace, ms, on the "
+            f"80 GiB device, priced by the cost model `{model}` ([cost-model.md](cost-model.md)"
+            f"{': every call as measured on an NVIDIA H200' if model == 'h200' else ''}). "
+            f"Worst cistern / torch: {fmt_times(worst)}.", "", table, ""]
     if at_torch_min:
-        table, worst, worst_low = at_capacity_table(real, at_torch_min, at_torch_min_low)
+        table, worst = at_capacity_table(real, at_torch_min)
         out += ["### At the limit", "",
                 "The same on a device of exactly each policy's own min_capacity (JSON "
                 "`at_min_capacity`): what running at the limit costs - torch's release-and-retry, "
                 "cistern's reclaim (unmaps after a query or a synchronisation of the stream that "
-                "used the pages). Then cistern on a device of torch's min_capacity, at both ends of "
-                "the cost of creating a handle (torch's figure does not depend on it): worst "
-                f"cistern / torch there {fmt_times(worst)} at 193 us, {fmt_times(worst_low)} at "
-                "7.6 us.", "", table, ""]
+                "used the pages). Then cistern on a device of torch's min_capacity: worst "
+                f"cistern / torch there {fmt_times(worst)}.", "", table, ""]
     if repeat:
         table, quiet, total = repeat_table(repeat)
         out += ["### Steady state", "",
@@ -294,6 +282,18 @@ def device_sections(real, low, repeat, at_torch_min, at_torch_min_low):
                 "maps, unmaps) in the first pass and in passes 2 and 3. cistern makes none after "
                 f"the first pass on {quiet} of {total} traces.", "", table, ""]
     return out
+
+
+def cost_model_name(paths):
+    """The cost model that priced the replays (`cost_model.name` of their JSON), or "unknown";
+    an error if the files disagree."""
+    names = set()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            names.add((json.load(f).get("cost_model") or {}).get("name", "unknown"))
+    if len(names) > 1:
+        sys.exit(f"results_md.py: the replays were priced by different cost models: {sorted(names)}")
+    return names.pop() if names else "unknown"
 
 
 HOW_TO_READ = """\
@@ -331,13 +331,9 @@ replay of the window can.
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("json", nargs="+", help="cistern replay --json files")
-    parser.add_argument("--low-create", nargs="*", default=[],
-                        help="replays of cistern and torch with --handle-create-us 7.6")
     parser.add_argument("--repeat", nargs="*", default=[], help="replays with --repeat 3")
     parser.add_argument("--at-torch-min", nargs="*", default=[],
                         help="replays of cistern on a device of torch's min_capacity")
-    parser.add_argument("--at-torch-min-low", nargs="*", default=[],
-                        help="the same with --handle-create-us 7.6")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--machine", default="unknown")
     parser.add_argument("--version", default="unknown")
@@ -380,9 +376,9 @@ def main():
                 "How many of them each policy runs without an out-of-memory error on a device "
                 "barely larger than the live data (from the capacity search: min_cap / live at "
                 "most the factor):", "", headline_table(real), ""]
-        out += device_sections(real, rows_by_trace(args.low_create), rows_by_trace(args.repeat),
-                               rows_by_trace(args.at_torch_min),
-                               rows_by_trace(args.at_torch_min_low))
+        out += device_sections(
+            real, cost_model_name(args.json + args.repeat + args.at_torch_min),
+            rows_by_trace(args.repeat), rows_by_trace(args.at_torch_min))
     for family, rows in families.items():
         out += [f"## {FAMILIES.get(family, family)}", "", family_table(rows), ""]
     out.append(HOW_TO_READ)

@@ -344,6 +344,90 @@ TEST_F(Cli, JsonRowsHaveTheSchemaAndTheRecordedRow) {
     EXPECT_NE(o.out.find(word), std::string::npos) << word << "\n" << o.out;
 }
 
+TEST_F(Cli, CostModelIsChosenByNameOrFileAndNamedInTheJson) {
+  const fs::path csv = lifetimes("small.csv", {3u << 20, 5u << 20, 7u << 20});
+  const auto replay = [&](const std::string& model) {
+    const Outcome o = run("replay -q --policy nocache,torch --cost-model " + quote(model) +
+                          " --json - " + quote(csv.string()));
+    EXPECT_EQ(o.code, 0) << model << "\n" << o.err;
+    return o.code == 0 ? json::parse(o.out) : json();
+  };
+  const json h200 = replay("h200");
+  ASSERT_FALSE(h200.is_null());
+  EXPECT_EQ(h200.at("cost_model").at("name"), "h200");
+  const json& defaults = h200.at("cost_model").at("fields");
+  ASSERT_EQ(defaults.size(), 20u);
+
+  // a100: the published 2 MiB figures, the rest the H200's.
+  const json a100 = replay("a100");
+  const json& a = a100.at("cost_model").at("fields");
+  EXPECT_EQ(a100.at("cost_model").at("name"), "a100");
+  EXPECT_DOUBLE_EQ(a.at("create_ns").get<double>() + 2 * a.at("create_ns_per_mib").get<double>(),
+                   193'000);
+  EXPECT_DOUBLE_EQ(a.at("map_ns").get<double>(), 1'450);
+  EXPECT_EQ(a.at("release_ns"), defaults.at("release_ns"));
+  EXPECT_EQ(a.at("alloc_ns"), defaults.at("alloc_ns"));
+
+  // A file: its fields over the H200's, named by its path.
+  const fs::path subset = temp("subset.json");
+  write(subset, R"({"create_ns": 5, "release_ns": null})");
+  const json partial = replay(subset.string());
+  EXPECT_EQ(partial.at("cost_model").at("name"), subset.string());
+  for (const auto& [field, value] : defaults.items()) {
+    const double expected = field == "create_ns" ? 5.0 : value.get<double>();
+    EXPECT_DOUBLE_EQ(partial.at("cost_model").at("fields").at(field).get<double>(), expected)
+        << field;
+  }
+
+  // Every field set: segments alone priced, so device_ms follows from the counted calls.
+  json only_segments = json::object();
+  for (const auto& [field, value] : defaults.items()) only_segments[field] = 0;
+  only_segments["alloc_ns"] = 1000;
+  only_segments["free_ns"] = 300;
+  only_segments["free_ns_per_mib"] = 2;
+  const fs::path file = temp("segments.json");
+  write(file, only_segments.dump());
+  const json priced = replay(file.string());
+  for (const json& row : priced.at("results")) {
+    ASSERT_FALSE(row.at("device_ms").is_null()) << row;
+    const auto allocs = row.at("device_allocs").get<double>();
+    const auto frees = row.at("device_frees").get<double>();
+    if (row.at("policy") == "nocache") {  // one segment per allocation, each freed: 15 MiB
+      EXPECT_EQ(allocs, 3);
+      EXPECT_EQ(frees, 3);
+      EXPECT_DOUBLE_EQ(row.at("device_ms").get<double>(), (3 * 1000 + 3 * 300 + 2 * 15) / 1e6);
+    }
+    EXPECT_GT(allocs, 0) << row;
+  }
+  // The replay's own JSON is a model file too.
+  const fs::path again = temp("again.json");
+  write(again, priced.dump());
+  EXPECT_EQ(replay(again.string()).at("cost_model").at("fields"),
+            priced.at("cost_model").at("fields"));
+}
+
+TEST_F(Cli, CostModelErrorsNameTheModelOrTheField) {
+  const fs::path csv = lifetimes("ok.csv", {1024, 2048});
+  const auto refused = [&](const std::string& model, const std::string& said) {
+    const Outcome o = run("replay -q --cost-model " + quote(model) + " " + quote(csv.string()));
+    EXPECT_EQ(o.code, 2) << model << "\n" << o.err;
+    EXPECT_NE(o.err.find(said), std::string::npos) << model << "\n" << o.err;
+  };
+  refused("b200", "'b200' is neither a model (h200, a100) nor a readable file");
+  const auto file = [&](const std::string& name, const std::string& text) {
+    write(temp(name), text);
+    return temp(name).string();
+  };
+  refused(file("unknown.json", R"({"create_ns": 1, "bogus_ns": 2})"),
+          "unknown cost model field 'bogus_ns'");
+  refused(file("negative.json", R"({"unmap_ns": -1})"), "'unmap_ns' needs a time of 0 ns or more");
+  refused(file("text.json", R"({"map_ns": "fast"})"), "'map_ns' needs a number of ns");
+  refused(file("broken.json", R"({"map_ns": )"), "not valid JSON");
+  refused(file("array.json", "[1, 2]"), "needs a JSON object of the model's fields");
+  // The old flag is gone.
+  EXPECT_EQ(run("replay -q --handle-create-us 7.6 " + quote(csv.string())).code, 2);
+}
+
 TEST_F(Cli, JsonToStdoutHasNoTableAndNoProgress) {
   const fs::path csv = lifetimes("small.csv", {1000, 3000, 5000, 7000});
   const Outcome o = run("replay --json - --min-capacity " + quote(csv.string()));

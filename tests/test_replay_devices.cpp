@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cistern/caching_allocator.hpp"
@@ -108,16 +109,22 @@ namespace {
 CostModel distinct_costs() {
   CostModel c;
   c.alloc_ns = 1;
+  c.alloc_ns_per_mib = 0.5;
   c.free_ns = 2;
+  c.free_ns_per_mib = 0.25;
+  c.reserve_ns = 3;
+  c.release_reservation_ns = 5;
   c.create_ns = 10;
   c.create_ns_per_mib = 4;
   c.release_ns = 20;
   c.release_ns_per_mib = 8;
   c.map_ns = 100;
   c.access_ns = 300;
+  c.access_ns_per_mib = 16;
   c.unmap_ns = 200;
-  c.unmap_extra_ns = 30;
-  c.event_ns = 1000;
+  c.unmap_ns_per_mib = 32;
+  c.event_record_ns = 1000;
+  c.event_query_ns = 3000;
   c.sync_stream_ns = 10'000;
   c.sync_event_ns = 20'000;
   c.sync_device_ns = 40'000;
@@ -201,10 +208,12 @@ TEST(MeteredDevice, CountsAndPricesEveryCallOfAPageAllocator) {
   EXPECT_EQ(calls.unmaps, 5u);
   EXPECT_EQ(calls.events, 5u);  // create, record, query, wait, destroy
   EXPECT_EQ(calls.syncs, 4u);   // two streams, one event, the device
-  // Handles per call and per MiB, maps (with their access) and unmaps per call, events at
-  // event_ns (create and destroy free), each synchronisation at its own price.
-  EXPECT_DOUBLE_EQ(calls.ns, 5 * (10 + 2 * 4) + 5 * (20 + 2 * 8) + 5 * (100 + 300) + 5 * 200 +
-                                 3 * 1000 + 2 * 10'000 + 20'000 + 40'000);
+  // Address space per call; handles, access grants and unmaps per call and per MiB of the 2 MiB
+  // page; maps per call; record and wait as records, the query as a query (create and destroy
+  // free); each synchronisation at its own price.
+  EXPECT_DOUBLE_EQ(calls.ns, 2 * 3 + 2 * 5 + 5 * (10 + 2 * 4) + 5 * (20 + 2 * 8) +
+                                 5 * (100 + 300 + 2 * 16) + 5 * (200 + 2 * 32) + 1000 + 3000 +
+                                 1000 + 2 * 10'000 + 20'000 + 40'000);
   EXPECT_EQ(sim.used_bytes(), 0u);
 }
 
@@ -223,7 +232,7 @@ TEST(MeteredDevice, PricesAHandlePerCallAndBySizeAndAFailedCallAtItsFixedCost) {
   EXPECT_EQ(meter.calls().releases, 1u);
 }
 
-TEST(MeteredDevice, PricesAMapRunAsAMapPerHandleAndOneAccess) {
+TEST(MeteredDevice, PricesAMapRunAsAMapAndAnAccessGrantPerHandleEachByItsSize) {
   SimDevice sim(small_sim());
   MeteredDevice meter(sim, distinct_costs());
   void* va = nullptr;
@@ -234,16 +243,27 @@ TEST(MeteredDevice, PricesAMapRunAsAMapPerHandleAndOneAccess) {
   ASSERT_EQ(meter.create_physical(2 * MiB, &small), Status::ok);
   ASSERT_EQ(meter.create_physical(4 * MiB, &big), Status::ok);
   ASSERT_EQ(meter.create_physical(2 * MiB, &last), Status::ok);
-  const double before = meter.calls().ns;
+  double before = meter.calls().ns;
   const PhysicalHandle handles[] = {small, big, last};
   ASSERT_EQ(meter.map_run(va, handles, 3), Status::ok);
   EXPECT_EQ(meter.calls().maps, 3u);
-  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 3 * 100 + 300);
-  // Each handle is a mapping of its own: the middle one unmaps alone.
+  // One cuMemSetAccess over the run costs what three would: per mapping, each by its size.
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before,
+                   3 * 100 + (300 + 2 * 16) + (300 + 4 * 16) + (300 + 2 * 16));
+  // Each handle is a mapping of its own: the middle one unmaps alone, at its size's price.
+  before = meter.calls().ns;
   EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 2 * MiB, 4 * MiB), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 4 * 32);
   EXPECT_EQ(meter.unmap(va, 2 * MiB), Status::ok);
   EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 6 * MiB, 2 * MiB), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 4 * 32 + 2 * (200 + 2 * 32));
   EXPECT_EQ(meter.calls().unmaps, 3u);
+  // A refused run (it leaves the reservation) costs the fixed parts of its maps and grants.
+  before = meter.calls().ns;
+  const PhysicalHandle outside[] = {small, big};
+  EXPECT_NE(meter.map_run(static_cast<char*>(va) + 6 * MiB, outside, 2), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 2 * (100 + 300));
+  EXPECT_EQ(meter.calls().maps, 3u);
   ASSERT_EQ(meter.release_physical(big), Status::ok);
   ASSERT_EQ(meter.release_physical(small), Status::ok);
   ASSERT_EQ(meter.release_physical(last), Status::ok);
@@ -251,7 +271,7 @@ TEST(MeteredDevice, PricesAMapRunAsAMapPerHandleAndOneAccess) {
   EXPECT_EQ(sim.used_bytes(), 0u);
 }
 
-TEST(MeteredDevice, PricesAnUnmapOfSeveralMappingsAsOneCallAndEachFurtherMapping) {
+TEST(MeteredDevice, PricesAnUnmapPerMappingItCoversEachByItsSize) {
   SimDevice sim(small_sim());
   MeteredDevice meter(sim, distinct_costs());
   void* va = nullptr;
@@ -262,20 +282,125 @@ TEST(MeteredDevice, PricesAnUnmapOfSeveralMappingsAsOneCallAndEachFurtherMapping
   ASSERT_EQ(meter.create_physical(4 * MiB, &handles[2]), Status::ok);
   ASSERT_EQ(meter.map_run(va, handles, 3), Status::ok);
   const double before = meter.calls().ns;
-  // The first two mappings in one call: its price and one further mapping.
+  // The first two mappings in one call: what two calls would cost.
   ASSERT_EQ(meter.unmap(va, 4 * MiB), Status::ok);
   EXPECT_EQ(meter.calls().unmaps, 1u);
-  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 30);
-  // A refused unmap (part of a mapping) costs the call and leaves the meter's mappings alone.
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 2 * (200 + 2 * 32));
+  // A refused unmap (part of a mapping) costs one mapping's fixed part and leaves the meter's
+  // mappings alone.
   EXPECT_EQ(meter.unmap(static_cast<char*>(va) + 4 * MiB, 2 * MiB), Status::invalid_argument);
-  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 30 + 200);
-  // The last one, 4 MiB, is one mapping: the call's price only.
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 2 * (200 + 2 * 32) + 200);
+  // The last one, 4 MiB, is one mapping.
   ASSERT_EQ(meter.unmap(static_cast<char*>(va) + 4 * MiB, 4 * MiB), Status::ok);
-  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 200 + 30 + 200 + 200);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 2 * (200 + 2 * 32) + 200 + (200 + 4 * 32));
   EXPECT_EQ(meter.calls().unmaps, 2u);
   for (const PhysicalHandle handle : handles) ASSERT_EQ(meter.release_physical(handle), Status::ok);
   ASSERT_EQ(meter.release_reservation(va, 8 * MiB), Status::ok);
   EXPECT_EQ(sim.used_bytes(), 0u);
+}
+
+TEST(MeteredDevice, PricesAnUnmapOfMappingsItDidNotSeeAsOneMappingOfItsSize) {
+  SimDevice sim(small_sim());
+  MeteredDevice meter(sim, distinct_costs());
+  void* va = nullptr;
+  ASSERT_EQ(sim.reserve(8 * MiB, 0, &va), Status::ok);
+  PhysicalHandle handle;
+  ASSERT_EQ(sim.create_physical(4 * MiB, &handle), Status::ok);
+  ASSERT_EQ(sim.map(va, handle), Status::ok);  // not through the meter (a warm start's cache)
+  ASSERT_EQ(meter.unmap(va, 4 * MiB), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 200 + 4 * 32);
+  ASSERT_EQ(sim.release_physical(handle), Status::ok);
+  ASSERT_EQ(sim.release_reservation(va, 8 * MiB), Status::ok);
+}
+
+TEST(MeteredDevice, PricesSegmentsBySizeAndAFailedAllocationAtItsFixedCost) {
+  SimDevice sim(small_sim());
+  MeteredDevice meter(sim, distinct_costs());
+  void* p = nullptr;
+  ASSERT_EQ(meter.allocate(6 * MiB, &p), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 1 + 6 * 0.5);
+  ASSERT_EQ(meter.deallocate(p), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 1 + 6 * 0.5 + 2 + 6 * 0.25);
+  void* too_big = nullptr;
+  EXPECT_EQ(meter.allocate(128 * MiB, &too_big), Status::out_of_memory);
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 1 + 6 * 0.5 + 2 + 6 * 0.25 + 1);
+  MemoryInfo info;
+  ASSERT_EQ(meter.memory_info(&info), Status::ok);  // a driver query
+  EXPECT_DOUBLE_EQ(meter.calls().ns, 1 + 6 * 0.5 + 2 + 6 * 0.25 + 1 + 3000);
+  EXPECT_EQ(meter.calls().allocs, 1u);
+  EXPECT_EQ(meter.calls().frees, 1u);
+}
+
+// On the H200 one GiB costs ~15 ms to map as 512 handles of 2 MiB and ~0.13 ms as one handle
+// (docs/cost-model.md): the meter prices both from the model's fields.
+TEST(MeteredDevice, TheH200ModelPricesAGibAsManyHandlesOrOne) {
+  SimDeviceOptions options;
+  options.capacity = 4 * GiB;
+  SimDevice sim(options);
+  const CostModel m = CostModel::h200();
+  MeteredDevice meter(sim, m);
+  void* va = nullptr;
+  ASSERT_EQ(meter.reserve(GiB, 0, &va), Status::ok);
+  std::vector<PhysicalHandle> pages(512);
+  for (PhysicalHandle& page : pages) ASSERT_EQ(meter.create_physical(2 * MiB, &page), Status::ok);
+  double before = meter.calls().ns;
+  ASSERT_EQ(meter.map_run(va, pages.data(), pages.size()), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before,
+                   512 * (m.map_ns + m.access_ns + 2 * m.access_ns_per_mib));
+  before = meter.calls().ns;
+  ASSERT_EQ(meter.unmap(va, GiB), Status::ok);  // one call over 512 mappings
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, 512 * (m.unmap_ns + 2 * m.unmap_ns_per_mib));
+  for (const PhysicalHandle page : pages) ASSERT_EQ(meter.release_physical(page), Status::ok);
+
+  PhysicalHandle whole;
+  ASSERT_EQ(meter.create_physical(GiB, &whole), Status::ok);
+  before = meter.calls().ns;
+  ASSERT_EQ(meter.map(va, whole), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, m.map_ns + m.access_ns + 1024 * m.access_ns_per_mib);
+  before = meter.calls().ns;
+  ASSERT_EQ(meter.unmap(va, GiB), Status::ok);
+  EXPECT_DOUBLE_EQ(meter.calls().ns - before, m.unmap_ns + 1024 * m.unmap_ns_per_mib);
+  ASSERT_EQ(meter.release_physical(whole), Status::ok);
+  ASSERT_EQ(meter.release_reservation(va, GiB), Status::ok);
+}
+
+// The recorded row prices PyTorch's segment_map / segment_unmap as the meter prices the calls
+// PyTorch makes for them: a 40 MiB growth of the large pool is two 20 MiB handles created,
+// mapped side by side with one access grant over them; its shrink unmaps and releases each.
+TEST(MeteredDevice, PricesPyTorchsExpansionAsTheRecordedRowPricesItsSegmentMap) {
+  SimDevice sim(small_sim());
+  const CostModel m = CostModel::h200();
+  MeteredDevice meter(sim, m);
+  void* va = nullptr;
+  ASSERT_EQ(meter.reserve(40 * MiB, 0, &va), Status::ok);
+  const double start = meter.calls().ns;
+  PhysicalHandle handles[2];
+  for (PhysicalHandle& h : handles) ASSERT_EQ(meter.create_physical(20 * MiB, &h), Status::ok);
+  ASSERT_EQ(meter.map_run(va, handles, 2), Status::ok);
+  const double grow = meter.calls().ns - start;
+  for (std::size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(meter.unmap(static_cast<char*>(va) + i * 20 * MiB, 20 * MiB), Status::ok);
+    ASSERT_EQ(meter.release_physical(handles[i]), Status::ok);
+  }
+  const double shrink = meter.calls().ns - start - grow;
+  EXPECT_DOUBLE_EQ(grow, 2 * (m.create_ns + m.map_ns + m.access_ns) +
+                             40 * (m.create_ns_per_mib + m.access_ns_per_mib));
+  EXPECT_DOUBLE_EQ(
+      shrink, 2 * (m.unmap_ns + m.release_ns) + 40 * (m.unmap_ns_per_mib + m.release_ns_per_mib));
+  ASSERT_EQ(meter.release_reservation(va, 40 * MiB), Status::ok);
+
+  using Kind = trace::RecordedSegmentEvent::Kind;
+  trace::Trace t;
+  t.recorded.initial_reserved = 0;
+  t.recorded.peak_reserved = 40 * MiB;
+  t.recorded.segment_events = {{Kind::map, 0, 0x200000000, 40 * MiB, 0, 0},
+                               {Kind::unmap, 0, 0x200000000, 40 * MiB, 0, 0}};
+  const std::optional<replay::Result> r = replay::recorded(t);
+  ASSERT_TRUE(r.has_value());
+  ASSERT_TRUE(r->device_ms.has_value());
+  EXPECT_NEAR(*r->device_ms * 1e6, grow + shrink, 1e-6 * (grow + shrink));
+  EXPECT_EQ(r->device_maps, 1u);
+  EXPECT_EQ(r->device_unmaps, 1u);
 }
 
 TEST(MeteredDevice, CountsTheClassicAllocatorsSegmentsAndEvents) {

@@ -98,7 +98,8 @@ std::string format_device_table(const std::vector<replay::DeviceResult>& results
 }
 
 std::string format_device_json(const std::vector<replay::DeviceResult>& results,
-                               const DeviceBackend& backend, bool touch) {
+                               const DeviceBackend& backend, bool touch,
+                               const replay::CostModel& costs) {
   Json rows = Json::array();
   for (const replay::DeviceResult& d : results) rows.push_back(row(d));
   Json doc;
@@ -108,6 +109,7 @@ std::string format_device_json(const std::vector<replay::DeviceResult>& results,
   doc["virtual_memory"] = backend.device->supports_virtual_memory();
   doc["device_note"] = backend.note;
   doc["touch"] = touch;
+  doc["cost_model"] = cost_model_json(costs);  // what priced the simulated device_ms
   doc["results"] = std::move(rows);
   return doc.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
@@ -137,7 +139,9 @@ int run_device_replay(const DeviceReplayRequest& request) {
   const bool stdout_taken = request.json == "-";
   if (!stdout_taken && !request.quiet) std::cout << format_device_table(results);
   if (!request.json.empty()) {
-    write_output(request.json, format_device_json(results, backend, request.touch), "--json");
+    write_output(request.json,
+                 format_device_json(results, backend, request.touch, request.options.costs),
+                 "--json");
   }
   return exit_status(results);
 }

@@ -52,8 +52,9 @@ int run_device_replay(const DeviceReplayRequest& request);
 /// The results as a table (one row per trace and policy) with simulated and real device time.
 std::string format_device_table(const std::vector<replay::DeviceResult>& results);
 /// The results as JSON: {"backend", "device", "virtual_memory", "device_note", "touch",
-/// "results": [...]}.
+/// "cost_model" (the model of the simulated figures), "results": [...]}.
 std::string format_device_json(const std::vector<replay::DeviceResult>& results,
-                               const DeviceBackend& backend, bool touch);
+                               const DeviceBackend& backend, bool touch,
+                               const replay::CostModel& costs);
 
 }  // namespace cistern::cli

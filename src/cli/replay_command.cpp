@@ -15,6 +15,8 @@
 #include <future>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,7 +65,7 @@ struct ReplayArgs {
   int gpu = 0;
   bool touch = false;
   std::size_t repeat = 1;
-  double handle_create_us = replay::CostModel::kCreateNsHigh / 1000;
+  std::string cost_model = "h200";
   std::string command_line;
 };
 
@@ -100,6 +102,51 @@ void require_warm_policies(const std::vector<replay::Policy>& policies) {
   }
 }
 
+/// `--cost-model`: a model by name, or a JSON file of the model's fields in ns over the H200
+/// model - a flat object, or bench_vmm.json, whose `cost_model.fields` it takes. A null field
+/// (bench_vmm's "not measured") keeps the H200 figure; an unknown field is an error naming it.
+replay::CostModel load_cost_model(const std::string& spec) {
+  if (spec == "h200" || spec == "a100") return replay::CostModel::named(spec);
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(spec, error)) {
+    throw UsageError(fmt::format(
+        "--cost-model: '{}' is neither a model (h200, a100) nor a readable file", spec));
+  }
+  std::ifstream in(spec, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) throw UsageError(fmt::format("--cost-model: cannot read '{}'", spec));
+  const nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, false);
+  if (doc.is_discarded()) throw UsageError(fmt::format("--cost-model {}: not valid JSON", spec));
+  const nlohmann::json* fields = &doc;
+  if (doc.is_object() && doc.contains("cost_model")) {  // bench_vmm.json, or a replay's JSON
+    const nlohmann::json& model = doc.at("cost_model");
+    fields = model.is_object() && model.contains("fields") ? &model.at("fields") : nullptr;
+  }
+  if (fields == nullptr || !fields->is_object()) {
+    throw UsageError(fmt::format(
+        "--cost-model {}: needs a JSON object of the model's fields in ns (or bench_vmm.json)",
+        spec));
+  }
+  replay::CostModel model = replay::CostModel::h200();
+  model.name = spec;
+  try {
+    for (const auto& [field, value] : fields->items()) {
+      if (value.is_null()) {
+        model.set(field, model.get(field));  // not measured: the H200 figure stays
+      } else if (value.is_number()) {
+        model.set(field, value.get<double>());
+      } else {
+        throw InvalidArgument("cost model field '" + field + "' needs a number of ns, not " +
+                              value.dump());
+      }
+    }
+  } catch (const InvalidArgument& e) {
+    throw UsageError(fmt::format("--cost-model {}: {}", spec, e.what()));
+  }
+  return model;
+}
+
 ReplayPlan make_plan(const ReplayArgs& args) {
   ReplayPlan plan;
   try {
@@ -122,10 +169,7 @@ ReplayPlan make_plan(const ReplayArgs& args) {
     throw UsageError("--repeat: only the simulated backend replays several passes");
   }
   plan.options.repeat = args.repeat;
-  if (!(args.handle_create_us >= 0)) {
-    throw UsageError("--handle-create-us: needs a time of 0 microseconds or more");
-  }
-  plan.options.costs.create_ns = args.handle_create_us * 1000;
+  plan.options.costs = load_cost_model(args.cost_model);
   if (!args.html.empty()) {
     plan.options.timeline_points = args.timeline_points;
     plan.options.segment_map_at_peak = true;
@@ -294,7 +338,8 @@ int run_replay(const ReplayArgs& args) {
 
   const bool stdout_taken = args.json == "-" || args.html == "-";
   if (!stdout_taken && !args.quiet) std::cout << format_table(groups, plan.options.capacity);
-  if (!args.json.empty()) write_output(args.json, format_json(groups), "--json");
+  if (!args.json.empty())
+    write_output(args.json, format_json(groups, plan.options.costs), "--json");
   if (!args.html.empty()) {
     const ReportInfo info{CISTERN_VERSION, now_iso8601(), args.command_line, plan.options.capacity};
     write_output(args.html, format_html(groups, info), "--html");
@@ -399,10 +444,13 @@ Command add_replay_command(CLI::App& parent) {
                   "Replay the window this many times in a row (each pass frees what it "
                   "allocated); the report shows device calls in the first and later passes")
       ->capture_default_str();
-  app->add_option("--handle-create-us", args->handle_create_us,
-                  "Cost model: microseconds to create a 2 MiB physical handle (published: 7.6 "
-                  "to 193; docs/cost-model.md)")
-      ->capture_default_str();
+  app->add_option("--cost-model", args->cost_model,
+                  "The prices of device calls (device_ms): h200 (measured on an NVIDIA H200), "
+                  "a100 (published A100 figures of 2 MiB pages, the rest the H200's), or a JSON "
+                  "file of the model's fields in ns over h200, e.g. {\"create_ns\": 20000}, or "
+                  "bench_vmm.json (docs/cost-model.md)")
+      ->capture_default_str()
+      ->type_name("MODEL|FILE");
   app->add_flag("--check", args->check,
                 "Check the allocator's invariants after every event (slow)");
   app->add_flag("--quiet,-q", args->quiet, "No table and no progress bar");

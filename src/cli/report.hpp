@@ -50,12 +50,16 @@ std::string format_ratio(const std::optional<std::uint64_t>& min_capacity, std::
 
 // --- JSON ---------------------------------------------------------------------------------------
 
-/// `{"version": ..., "results": [row, ...]}` with one row per result, sizes in bytes and null
-/// where a figure was not computed. Fields: trace, device, policy, start, capacity, peak_live,
-/// peak_reserved, overhead, min_capacity, events, ooms, device_allocs, device_frees, maps,
-/// unmaps, handle_creates, handle_releases, syncs, [passes: with --repeat, per pass
+/// `{"version": ..., "cost_model": ..., "results": [row, ...]}` with one row per result, sizes in
+/// bytes and null where a figure was not computed; `cost_model` is the model that priced
+/// device_ms (`cost_model_json`). Fields of a row: trace, device, policy, start, capacity,
+/// peak_live, peak_reserved, overhead, min_capacity, events, ooms, device_allocs, device_frees,
+/// maps, unmaps, handle_creates, handle_releases, syncs, [passes: with --repeat, per pass
 /// peak_reserved, device_allocs, device_frees, maps, unmaps], ns_per_op, device_ms, error.
-std::string format_json(const std::vector<TraceResults>& traces);
+std::string format_json(const std::vector<TraceResults>& traces, const replay::CostModel& costs);
+/// `{"name": "h200", "fields": {"alloc_ns": ..., ...}}`: which model priced a run and its every
+/// field in ns (a file that `cistern replay --cost-model FILE` reads back).
+nlohmann::ordered_json cost_model_json(const replay::CostModel& costs);
 /// One result as a row of `format_json` (the fields above).
 nlohmann::ordered_json result_json(const replay::Result& r);
 

@@ -80,12 +80,21 @@ nlohmann::ordered_json result_json(const replay::Result& r) {
   return j;
 }
 
-std::string format_json(const std::vector<TraceResults>& traces) {
+nlohmann::ordered_json cost_model_json(const replay::CostModel& costs) {
+  Json fields = Json::object();
+  for (const replay::CostModel::Field& f : replay::CostModel::fields()) {
+    fields[f.name] = costs.*f.value;
+  }
+  return {{"name", costs.name}, {"fields", std::move(fields)}};
+}
+
+std::string format_json(const std::vector<TraceResults>& traces, const replay::CostModel& costs) {
   Json rows = Json::array();
   for (const TraceResults& t : traces)
     for (const replay::Result& r : t.results) rows.push_back(result_json(r));
   Json doc;
   doc["version"] = CISTERN_VERSION;
+  doc["cost_model"] = cost_model_json(costs);
   doc["results"] = std::move(rows);
   // Invalid UTF-8 in a path must not abort the report: replace it.
   return doc.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";

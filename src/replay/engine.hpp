@@ -54,39 +54,70 @@ struct Policy {
 };
 
 /// The cost of device calls on the simulated device, for the "simulated device time" figure.
-/// Documented in docs/cost-model.md with the measurements it is based on.
+/// Documented in docs/cost-model.md with the measurement behind every figure. A call whose cost
+/// grows with its size is priced as a fixed part plus a part per MiB; the access grant and the
+/// unmap are priced per mapping they cover (the driver's cost follows the mappings, not the
+/// calls), each mapping by its own size. All figures in ns.
 struct CostModel {
-  double alloc_ns = 0;          ///< cudaMalloc fixed cost
-  double alloc_ns_per_mib = 0;  ///< cudaMalloc cost per MiB
-  double free_ns = 0;           ///< cudaFree fixed cost (it also synchronises the device)
+  /// Which model this is, as `--cost-model` named it: "h200", "a100", or the file it was read
+  /// from.
+  std::string name = "h200";
+  double alloc_ns = 0;          ///< cudaMalloc, fixed part
+  double alloc_ns_per_mib = 0;  ///< cudaMalloc, per MiB
+  double free_ns = 0;           ///< cudaFree, fixed part (the host's part: no work is modelled)
   double free_ns_per_mib = 0;
-  double create_ns = 0;          ///< cuMemCreate fixed cost, per handle
-  double create_ns_per_mib = 0;  ///< cuMemCreate cost per MiB of the handle
-  double release_ns = 0;         ///< cuMemRelease fixed cost, per handle
+  double reserve_ns = 0;              ///< cuMemAddressReserve
+  double release_reservation_ns = 0;  ///< cuMemAddressFree
+  double create_ns = 0;               ///< cuMemCreate, fixed part, per handle
+  double create_ns_per_mib = 0;       ///< cuMemCreate, per MiB of the handle
+  double release_ns = 0;              ///< cuMemRelease, fixed part, per handle
   double release_ns_per_mib = 0;
-  double map_ns = 0;          ///< cuMemMap, per call (one mapping)
-  double access_ns = 0;       ///< cuMemSetAccess, per call (one run of mappings)
-  double unmap_ns = 0;        ///< cuMemUnmap, per call (covering one mapping)
-  double unmap_extra_ns = 0;  ///< cuMemUnmap, each further mapping the same call covers
-  double event_ns = 0;        ///< event record / query / stream wait
-  double sync_stream_ns = 0;  ///< cudaStreamSynchronize, the host's part (no work is modelled)
-  double sync_event_ns = 0;   ///< cudaEventSynchronize, the host's part
-  double sync_device_ns = 0;  ///< cudaDeviceSynchronize, the host's part
-  /// The published range of cuMemCreate's fixed cost, measured on 2 MiB handles
-  /// (docs/cost-model.md): the default uses the high end; `--handle-create-us` chooses another.
-  static constexpr double kCreateNsLow = 7'600;
-  static constexpr double kCreateNsHigh = 193'000;
-  /// The default, from published and measured figures.
-  static CostModel defaults();
+  double map_ns = 0;             ///< cuMemMap, per mapping
+  double access_ns = 0;          ///< cuMemSetAccess, per mapping the range covers
+  double access_ns_per_mib = 0;  ///< cuMemSetAccess, per MiB of each mapping covered
+  double unmap_ns = 0;           ///< cuMemUnmap, per mapping the range covers
+  double unmap_ns_per_mib = 0;   ///< cuMemUnmap, per MiB of each mapping covered
+  double event_record_ns = 0;    ///< cudaEventRecord; cudaStreamWaitEvent
+  double event_query_ns = 0;     ///< cudaEventQuery; cudaMemGetInfo
+  double sync_stream_ns = 0;     ///< cudaStreamSynchronize, the host's part (no work is modelled)
+  double sync_event_ns = 0;      ///< cudaEventSynchronize, the host's part
+  double sync_device_ns = 0;     ///< cudaDeviceSynchronize, the host's part
 
-  /// The size-dependent parts of successful calls on `bytes` (every call also costs its fixed
-  /// part; a failed call costs its fixed part once): per MiB, for segments and physical handles
-  /// alike. Every pricing of device calls (a policy's, the recording allocator's, a real
-  /// device's simulated figure) goes through these.
-  double alloc_size_ns(std::size_t bytes) const noexcept;
-  double free_size_ns(std::size_t bytes) const noexcept;
-  double create_size_ns(std::size_t bytes) const noexcept;
-  double release_size_ns(std::size_t bytes) const noexcept;
+  /// The default: every figure measured on an NVIDIA H200 (driver 580.159.04, CUDA 13.0) or,
+  /// where a call was not measured, assumed from one that was (docs/cost-model.md says which).
+  static CostModel h200();
+  /// The published A100 figures of 2 MiB pages (cuMemAddressReserve, cuMemCreate, cuMemMap,
+  /// cuMemSetAccess, cuMemUnmap); every other figure, and the parts per MiB, the H200's.
+  static CostModel a100();
+  /// `h200()`.
+  static CostModel defaults();
+  /// The model of that name ("h200", "a100"); throws InvalidArgument naming the known ones.
+  static CostModel named(const std::string& name);
+
+  /// One field of the model by name, for reading and writing models as JSON.
+  struct Field {
+    const char* name;
+    double CostModel::*value;
+  };
+  /// Every field, in the order above.
+  static const std::vector<Field>& fields();
+  /// The field `field`; throws InvalidArgument naming the field if there is no such field.
+  double get(const std::string& field) const;
+  /// Sets the field `field` to `ns`; throws InvalidArgument naming the field if there is no such
+  /// field or `ns` is not a finite time of 0 or more.
+  void set(const std::string& field, double ns);
+
+  /// The price of one successful call on `bytes` (a failed call costs its fixed part once).
+  /// Every pricing of device calls (a policy's, the recording allocator's, a real device's
+  /// simulated figure) goes through these.
+  double alloc_price(std::size_t bytes) const noexcept;    ///< cudaMalloc
+  double free_price(std::size_t bytes) const noexcept;     ///< cudaFree
+  double create_price(std::size_t bytes) const noexcept;   ///< cuMemCreate
+  double release_price(std::size_t bytes) const noexcept;  ///< cuMemRelease
+  /// cuMemSetAccess's part for one mapping of `bytes` that the range covers.
+  double access_price(std::size_t bytes) const noexcept;
+  /// cuMemUnmap's part for one mapping of `bytes` that the range covers.
+  double unmap_price(std::size_t bytes) const noexcept;
 };
 
 /// What a replay measures and how.

@@ -7,8 +7,9 @@
 // the engine's program calls (a trace's synchronize events) and a warm start's placement of the
 // recorded cache go to the device directly and cost nothing here. Every call is forwarded
 // unchanged (ForwardingDevice); the adaptor only watches the calls that cost something: segments,
-// physical handles, mappings, events and synchronisations. Failed calls are priced at their fixed
-// cost (a failed cudaMalloc still takes the driver's time) and are not counted as calls made.
+// address space, physical handles, mappings, events and synchronisations. Failed calls are priced
+// at their fixed cost (a failed cudaMalloc still takes the driver's time) and are not counted as
+// calls made.
 #pragma once
 
 #include <cstddef>
@@ -79,8 +80,8 @@ class MeteredDevice final : public ForwardingDevice {
   CostModel costs_;
   DeviceCalls calls_;
   std::unordered_map<std::uintptr_t, std::size_t> segment_bytes_;  // live segments by address
-  // Live mappings made through the adaptor, start -> end: an unmap is priced by how many of
-  // them it covers.
+  // Live mappings made through the adaptor, start -> end: an unmap is priced per mapping it
+  // covers, each by its size.
   std::map<std::uintptr_t, std::uintptr_t> mappings_;
   std::unordered_map<std::uint64_t, std::size_t> handle_bytes_;  // live handles by handle
 };

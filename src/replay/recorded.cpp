@@ -51,30 +51,32 @@ double pytorch_handles(std::size_t bytes) noexcept {
 }
 
 /// Counts and prices the recorded segment events as the engine prices a policy's device calls.
-/// An expandable segment's segment_map is priced as PyTorch makes it: per handle a creation and
-/// a cuMemMap, one cuMemSetAccess over the range; its segment_unmap as per handle an unmap and a
-/// release.
+/// An expandable segment's segment_map is priced as PyTorch makes it - per handle a creation, a
+/// cuMemMap and the access grant's share (one cuMemSetAccess over the range costs per mapping it
+/// covers) - and its segment_unmap as per handle an unmap and a release. The handles of a range
+/// are of one size, so their parts per MiB add up to the range's.
 void count_device_calls(const trace::Trace& trace, const CostModel& costs, Result& r) {
   double ns = 0;
   for (const trace::RecordedSegmentEvent& s : trace.recorded.segment_events) {
+    const double mib = static_cast<double>(s.size) / static_cast<double>(MiB);
     switch (s.kind) {
       case Kind::alloc:
         ++r.device_allocs;
-        ns += costs.alloc_ns + costs.alloc_size_ns(s.size);
+        ns += costs.alloc_price(s.size);
         break;
       case Kind::free:
         ++r.device_frees;
-        ns += costs.free_ns + costs.free_size_ns(s.size);
+        ns += costs.free_price(s.size);
         break;
       case Kind::map:
         ++r.device_maps;
-        ns += pytorch_handles(s.size) * (costs.create_ns + costs.map_ns) + costs.access_ns +
-              costs.create_size_ns(s.size);
+        ns += pytorch_handles(s.size) * (costs.create_ns + costs.map_ns + costs.access_ns) +
+              (costs.create_ns_per_mib + costs.access_ns_per_mib) * mib;
         break;
       case Kind::unmap:
         ++r.device_unmaps;
         ns += pytorch_handles(s.size) * (costs.unmap_ns + costs.release_ns) +
-              costs.release_size_ns(s.size);
+              (costs.unmap_ns_per_mib + costs.release_ns_per_mib) * mib;
         break;
     }
   }
