@@ -59,7 +59,7 @@ Replayer::Replayer(const trace::Trace& trace, const Plan& plan, const Policy& po
       rig_(own_device_ ? simulated(trace, *own_device_) : std::move(rig)),
       meter_(*rig_.below_meter, options.costs),
       hooks_(hooks),
-      allocator_(policy.make(meter_)),
+      allocator_(policy.for_trace(trace).make(meter_)),
       pointers_(plan.slots, nullptr),
       deferred_(trace, rig_.sim),
       warm_(options.start == Start::warm) {
