@@ -41,13 +41,14 @@ replay() {  # replay NAME [flags and traces...]
   "$cistern" replay --quiet --policy cistern,cistern:vmm=false,torch,nocache --min-capacity \
     --json "$out/$name.json" "$@"
 }
-replay pytorch "$traces"/pytorch/*/*.pickle.gz
+replay pytorch "$traces"/pytorch/*/*.pickle.gz "$traces"/h200/*.pickle.gz
 replay kineto "$traces"/kineto/*.json.gz
 replay somas "$traces"/somas/*.csv
 # minimalloc's sets are in normalised units (2^20 units = the intended capacity): 1 unit = 1 KiB.
 replay minimalloc --scale 1024 "$traces"/minimalloc/*.csv
 
-real_traces=("$traces"/pytorch/*/*.pickle.gz "$traces"/kineto/*.json.gz "$traces"/somas/*.csv)
+real_traces=("$traces"/pytorch/*/*.pickle.gz "$traces"/h200/*.pickle.gz "$traces"/kineto/*.json.gz
+  "$traces"/somas/*.csv)
 # The steady state of a training step: each window three times in a row.
 echo "results.sh: --repeat 3" >&2
 "$cistern" replay --quiet --policy cistern,torch --repeat 3 --json "$out/repeat.json" \

@@ -2,9 +2,10 @@
 # Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 """Formats `cistern replay --json` files as docs/results.md (Markdown on stdout).
 
-One table per trace family (the folder below traces/: pytorch, kineto, somas, minimalloc), one
-row per trace: peak_live, then for PyTorch's recorded run, the torch emulation, nocache and
-cistern's defaults the overhead (peak reserved / peak_live - 1) and min_capacity / peak_live.
+One table per trace family (the folder below traces/: pytorch, h200, kineto, somas,
+minimalloc), one row per trace: peak_live, then for PyTorch's recorded run, the torch emulation,
+nocache and cistern's defaults the overhead (peak reserved / peak_live - 1) and min_capacity /
+peak_live.
 Standard library only; called by scripts/results.sh.
 """
 
@@ -27,10 +28,11 @@ HEADLINE_DEVICES = (1.02, 1.05)
 
 # Recorded from real programs; minimalloc's instances are synthetic planning benchmarks and are
 # summarised on their own.
-REAL_FAMILIES = ("pytorch", "kineto", "somas")
+REAL_FAMILIES = ("pytorch", "h200", "kineto", "somas")
 
 FAMILIES = {
     "pytorch": "PyTorch memory snapshots",
+    "h200": "PyTorch memory snapshots recorded on an H200 (PyTorch 2.11)",
     "kineto": "Kineto (PyTorch profiler) trace",
     "somas": "MindSpore SOMAS lifetime lists",
     "minimalloc": "minimalloc challenging instances (sizes x 1024: 1 unit = 1 KiB)",

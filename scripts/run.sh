@@ -29,9 +29,9 @@ fi
 mapfile -t files < <(find traces -type f -name '*.trace.gz' | sort)
 shared_traces="$shared/traces"
 if [[ -d "$shared_traces" ]]; then
-  mapfile -t -O "${#files[@]}" files < <(find "$shared_traces/pytorch" "$shared_traces/kineto" \
-    "$shared_traces/somas" -type f \( -name '*.pickle' -o -name '*.pickle.gz' -o -name '*.json' \
-    -o -name '*.json.gz' -o -name '*.csv' \) | sort)
+  mapfile -t -O "${#files[@]}" files < <(find "$shared_traces/pytorch" "$shared_traces/h200" \
+    "$shared_traces/kineto" "$shared_traces/somas" -type f \( -name '*.pickle' \
+    -o -name '*.pickle.gz' -o -name '*.json' -o -name '*.json.gz' -o -name '*.csv' \) | sort)
 else
   echo "run.sh: no shared traces at $shared_traces (set CISTERN_SHARED_DIR to the folder holding" \
     "traces/); replaying the project's own traces only" >&2

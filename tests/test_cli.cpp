@@ -590,6 +590,59 @@ TEST_F(Cli, SnapshotPerPolicyReadsBackWithTheReplaysFigures) {
   EXPECT_FALSE(fs::exists(snapshot)) << "with several policies each file names its policy";
 }
 
+TEST_F(Cli, TorchReplaysASnapshotWithItsRecordedSettingsAndSaysSo) {
+  // A snapshot of a run with expandable segments, written by `replay --snapshot`.
+  const fs::path csv = lifetimes("t.csv", {1000, 3 << 20, 512, 25 << 20, 7000, 1 << 20, 70 << 20});
+  const fs::path snapshot = temp("s.pickle");
+  ASSERT_EQ(run("replay -q --policy torch:expandable_segments=true --snapshot " +
+                quote(snapshot.string()) + " " + quote(csv.string()))
+                .code,
+            0);
+  // Plain torch takes expandable_segments:True from it and reproduces the recorded peak.
+  const Outcome warm =
+      run("replay --start warm --policy torch,torch:expandable_segments=false "
+          "--json - " +
+          quote(snapshot.string()));
+  ASSERT_EQ(warm.code, 0) << warm.err;
+  const json doc = json::parse(warm.out);
+  const json* recorded = find_row(doc, "recorded");
+  const json* plain = find_row(doc, "torch");
+  const json* given = find_row(doc, "torch:expandable_segments=false");
+  ASSERT_TRUE(recorded != nullptr && plain != nullptr && given != nullptr) << warm.out;
+  EXPECT_TRUE(recorded->at("settings").is_null());
+  EXPECT_EQ(plain->at("peak_reserved"), recorded->at("peak_reserved"));
+  EXPECT_GT(plain->at("maps").get<int>(), 0);
+  const json& settings = plain->at("settings");
+  EXPECT_EQ(settings.at("expandable_segments").at("value"), "True");
+  EXPECT_EQ(settings.at("expandable_segments").at("source"), "recorded");
+  EXPECT_EQ(settings.at("max_split_size_mb").at("value"), "unlimited");
+  EXPECT_EQ(settings.at("max_split_size_mb").at("source"), "recorded");
+  EXPECT_EQ(given->at("settings").at("expandable_segments").at("value"), "False");
+  EXPECT_EQ(given->at("settings").at("expandable_segments").at("source"), "given");
+  EXPECT_EQ(given->at("maps"), 0);
+  // The table and the HTML report say so under each torch row.
+  const Outcome table = run("replay --start warm --policy torch,torch:expandable_segments=false " +
+                            quote(snapshot.string()));
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("settings: expandable_segments:True (recorded)"), std::string::npos)
+      << table.out;
+  EXPECT_NE(table.out.find("settings: expandable_segments:False (given)"), std::string::npos)
+      << table.out;
+  const Outcome html =
+      run("replay --start warm --policy torch --html - " + quote(snapshot.string()));
+  ASSERT_EQ(html.code, 0) << html.err;
+  EXPECT_NE(html.out.find("settings: expandable_segments:True (recorded)"), std::string::npos);
+  // A trace that records no settings: PyTorch's defaults, and no settings line.
+  const Outcome plain_csv = run("replay --policy torch,cistern --json - " + quote(csv.string()));
+  ASSERT_EQ(plain_csv.code, 0) << plain_csv.err;
+  const json defaults = json::parse(plain_csv.out);
+  EXPECT_EQ(find_row(defaults, "torch")->at("settings").at("expandable_segments").at("source"),
+            "default");
+  EXPECT_TRUE(find_row(defaults, "cistern")->at("settings").is_null());
+  EXPECT_EQ(run("replay --policy torch " + quote(csv.string())).out.find("settings:"),
+            std::string::npos);
+}
+
 TEST_F(Cli, ConvertToLifetimesKeepsPeakLive) {
   REQUIRE_TRACES();
   const std::string name = "pytorch/DeComFL/memory.pickle.gz";

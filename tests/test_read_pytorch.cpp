@@ -234,6 +234,28 @@ TEST(PyTorchReader, LateCompletionsAreKept) {
   EXPECT_EQ(t.events.size(), 6U);
 }
 
+TEST(PyTorchReader, FreesPendingAtTheEndCompleteAfterTheLastEvent) {
+  // a and b are freed at the end of the window and never completed. The final segments show a
+  // as active_pending_free (other streams' work was outstanding): its free completes after the
+  // last event. b's block is shown inactive, so its missing completion is taken as immediate.
+  const std::int64_t a = base, b = base + 512, c = base + 1024;
+  const Py snap = snapshot(
+      PyList{segment(base, 2 * MiB,
+                     PyList{block(a, 512, 100, "active_pending_free"), block(b, 512, 0, "inactive"),
+                            block(c, 512, 100, "active_allocated"),
+                            block(base + 1536, 2 * MiB - 1536, 0, "inactive")},
+                     "small")},
+      PyList{PyList{event("alloc", a, 100, 0, 1), event("alloc", b, 100, 0, 2),
+                    event("alloc", c, 100, 0, 3), event("free_requested", a, 100, 0, 4),
+                    event("free_requested", b, 100, 0, 5)}});
+  const trace::Trace t = read(snap);
+  ASSERT_EQ(t.events.size(), 5U);
+  ASSERT_EQ(t.recorded.deferred_frees.size(), 1U);
+  EXPECT_EQ(t.recorded.deferred_frees[0].id, t.events[0].id);
+  EXPECT_EQ(t.recorded.deferred_frees[0].before_event, 5U);  // after the last event
+  EXPECT_EQ(t.recorded.deferred_frees[0].time, 5);
+}
+
 TEST(PyTorchReader, SegmentsBeforeTheWindowAreRebuilt) {
   // Final: S1 (allocated in the window) and S2 (held throughout). S3 (2 MiB) and S4 (20 MiB)
   // were freed in the window, so they were held when it opened.

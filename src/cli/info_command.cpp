@@ -138,7 +138,20 @@ std::string streams_text(const std::vector<std::uint64_t>& streams) {
   return out;
 }
 
-std::string recorded_text(const trace::Recorded& r) {
+/// The frees that completed later than requested (other streams' uses), and how many of them
+/// were still pending when the window ended.
+std::string deferred_text(const trace::Trace& t) {
+  const auto& frees = t.recorded.deferred_frees;
+  if (frees.empty()) return "";
+  const auto pending = std::count_if(
+      frees.begin(), frees.end(), [&](const auto& f) { return f.before_event == t.events.size(); });
+  return fmt::format(
+      "  frees completed later     {} (other streams' uses), {} of them pending at the end\n",
+      frees.size(), pending);
+}
+
+std::string recorded_text(const trace::Trace& t) {
+  const trace::Recorded& r = t.recorded;
   if (!r.peak_reserved && r.segment_events.empty() && r.initial_segments.empty()) return "";
   std::string out;
   if (r.initial_reserved)
@@ -148,6 +161,7 @@ std::string recorded_text(const trace::Recorded& r) {
   out += fmt::format("  recorded segments         {} at window start, {} segment events\n",
                      r.initial_segments.size(), r.segment_events.size());
   if (!r.ooms.empty()) out += fmt::format("  recorded OOMs             {}\n", r.ooms.size());
+  out += deferred_text(t);
   if (!r.settings.empty()) {
     std::vector<std::string> settings;
     settings.reserve(r.settings.size());
@@ -180,7 +194,7 @@ std::string info_text(const trace::Trace& t, const std::vector<int>& devices) {
   out += fmt::format("  allocations               {} ({} distinct sizes, largest {}, {} in all)\n",
                      s.ops[0], s.distinct_sizes.size(), format_bytes(s.largest),
                      format_bytes(s.allocated_bytes));
-  out += recorded_text(t.recorded);
+  out += recorded_text(t);
   return out + histogram_text(s.sizes);
 }
 
@@ -209,6 +223,7 @@ nlohmann::ordered_json info_json(const trace::Trace& t, const std::vector<int>& 
       r.peak_reserved ? nlohmann::ordered_json(*r.peak_reserved) : nlohmann::ordered_json(nullptr);
   j["recorded_segment_events"] = r.segment_events.size();
   j["recorded_ooms"] = r.ooms.size();
+  j["recorded_deferred_frees"] = r.deferred_frees.size();
   j["notes"] = r.notes;
   nlohmann::ordered_json histogram = nlohmann::ordered_json::array();
   for (std::size_t k = 0; k < s.sizes.count.size(); ++k) {

@@ -43,6 +43,11 @@ std::vector<TraceResults> group_results(const std::vector<const trace::Trace*>& 
 /// labels get a line of their own.
 std::string format_table(const std::vector<TraceResults>& traces, std::uint64_t capacity);
 
+/// The PyTorch settings of a torch row that make it more than plain `torch` on PyTorch's
+/// defaults, each with where it came from: "expandable_segments:True (recorded)"; "" when the
+/// row ran PyTorch's defaults and its policy gave no setting (and for other policies).
+std::string format_settings(const replay::Result& r);
+
 /// "4.01%" for an overhead fraction, "-" for none.
 std::string format_percent(const std::optional<double>& fraction);
 /// "1.032" for min_capacity / peak_live, "-" when either is missing or zero.
@@ -52,9 +57,11 @@ std::string format_ratio(const std::optional<std::uint64_t>& min_capacity, std::
 
 /// `{"version": ..., "cost_model": ..., "results": [row, ...]}` with one row per result, sizes in
 /// bytes and null where a figure was not computed; `cost_model` is the model that priced
-/// device_ms (`cost_model_json`). Fields of a row: trace, device, policy, start, capacity,
-/// peak_live, peak_reserved, overhead, min_capacity, events, ooms, device_allocs, device_frees,
-/// maps, unmaps, handle_creates, handle_releases, syncs, [passes: with --repeat, per pass
+/// device_ms (`cost_model_json`). Fields of a row: trace, device, policy, start, settings (torch:
+/// per PyTorch setting its value and source - recorded, given or default; null for other
+/// policies), capacity, peak_live, peak_reserved, overhead, min_capacity, events, ooms,
+/// device_allocs, device_frees, maps, unmaps, handle_creates, handle_releases, syncs, [passes:
+/// with --repeat, per pass
 /// peak_reserved, device_allocs, device_frees, maps, unmaps], ns_per_op, device_ms, error.
 std::string format_json(const std::vector<TraceResults>& traces, const replay::CostModel& costs);
 /// `{"name": "h200", "fields": {"alloc_ns": ..., ...}}`: which model priced a run and its every

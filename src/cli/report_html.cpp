@@ -376,8 +376,11 @@ std::string results_table_html(const TraceResults& t, const std::vector<std::str
   for (std::size_t i = 0; i < t.results.size(); ++i) {
     const replay::Result& r = t.results[i];
     const bool recorded = r.policy == "recorded";
-    out += fmt::format("<tr{}><td><span class=\"swatch\" style=\"background:{}\"></span>{}</td>",
-                       recorded ? " class=\"recorded\"" : "", colors[i], esc(r.policy));
+    const std::string settings = format_settings(r);
+    out +=
+        fmt::format("<tr{}><td><span class=\"swatch\" style=\"background:{}\"></span>{}{}</td>",
+                    recorded ? " class=\"recorded\"" : "", colors[i], esc(r.policy),
+                    settings.empty() ? "" : "<br><small>settings: " + esc(settings) + "</small>");
     if (!r.error.empty()) {
       out += fmt::format("<td colspan=\"8\" class=\"err\">{}</td></tr>", esc(r.error));
       continue;

@@ -30,6 +30,15 @@ nlohmann::ordered_json result_json(const replay::Result& r) {
   j["device"] = r.device;
   j["policy"] = r.policy;
   j["start"] = r.start;
+  if (r.settings.empty()) {
+    j["settings"] = nullptr;
+  } else {
+    Json settings = Json::object();
+    for (const replay::SettingUse& use : r.settings) {
+      settings[use.key] = {{"value", use.value}, {"source", replay::to_string(use.source)}};
+    }
+    j["settings"] = std::move(settings);
+  }
   j["capacity"] = or_null(r.capacity);
   j["peak_live"] = r.peak_live;
   j["peak_reserved"] = or_null(r.peak_reserved);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cli/report.hpp"
 
@@ -84,6 +85,13 @@ std::string format_passes(const replay::Result& r) {
          format_pass_peaks(r) + format_plan_use(r);
 }
 
+/// A line under a torch row that did not run plain PyTorch defaults: its settings.
+std::string format_settings_line(const replay::Result& r) {
+  const std::string settings = format_settings(r);
+  if (settings.empty()) return "";
+  return fmt::format("{}{:<{}} settings: {}\n", kIndent, "", kPolicyWidth, settings);
+}
+
 std::string format_ns(const std::optional<double>& ns) {
   if (!ns) return "-";
   return *ns < 100 ? fmt::format("{:.1f}", *ns) : fmt::format("{:.0f}", *ns);
@@ -103,13 +111,15 @@ std::string format_row(const replay::Result& r, std::uint64_t peak_live) {
     out += fmt::format("{}{}\n", kIndent, label);
     label.clear();
   }
-  if (!r.error.empty())
-    return out + fmt::format("{}{:<{}} error: {}\n", kIndent, label, kPolicyWidth, r.error);
+  if (!r.error.empty()) {
+    return out + fmt::format("{}{:<{}} error: {}\n", kIndent, label, kPolicyWidth, r.error) +
+           format_settings_line(r);
+  }
   return out +
          row_line(label, r.peak_reserved ? format_bytes(*r.peak_reserved) : "-",
                   format_percent(r.overhead), format_ratio(r.min_capacity, peak_live),
                   format_count(r.ooms), format_device_calls(r), format_ns(r.ns_per_op)) +
-         format_passes(r);
+         format_settings_line(r) + format_passes(r);
 }
 
 std::string format_block(const TraceResults& t) {
@@ -125,6 +135,18 @@ std::string format_block(const TraceResults& t) {
 }
 
 }  // namespace
+
+std::string format_settings(const replay::Result& r) {
+  std::vector<std::string> items;
+  for (const replay::SettingUse& use : r.settings) {
+    const auto info = std::find_if(options().begin(), options().end(),
+                                   [&](const OptionInfo& o) { return o.name == use.key; });
+    const bool is_default = info != options().end() && info->default_value == use.value;
+    if (is_default && use.source != replay::SettingSource::given) continue;
+    items.push_back(fmt::format("{}:{} ({})", use.key, use.value, replay::to_string(use.source)));
+  }
+  return fmt::format("{}", fmt::join(items, ", "));
+}
 
 std::string format_percent(const std::optional<double>& fraction) {
   if (!fraction) return "-";

@@ -75,6 +75,7 @@ class Search {
         std::string text = label;
         if (!config.empty()) text.append(":").append(config);
         policies.push_back(Policy::parse(text));
+        policies.back().take_recorded = false;  // a key left out is PyTorch's default
         names.push_back(name);
       } catch (const Error& e) {
         candidate.error = e.what();

@@ -182,11 +182,13 @@ Result run_plan(const trace::Trace& trace, const Plan& plan, const Policy& polic
     return r;
   }
   try {
+    r.settings = policy.settings_for(trace);
     replay_into(r, trace, plan, policy, options);
   } catch (const std::exception& e) {
     // Figures of a replay that did not finish would mislead: keep only the row's identity.
     Result failed = result_header(trace, plan, r.policy, r.start);
     failed.capacity = r.capacity;
+    failed.settings = r.settings;
     failed.error = e.what();
     return failed;
   }

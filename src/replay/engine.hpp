@@ -26,6 +26,7 @@
 #include "cistern/allocator.hpp"
 #include "cistern/config.hpp"
 #include "cistern/sim_device.hpp"
+#include "replay/recorded_settings.hpp"
 #include "trace/trace.hpp"
 
 namespace cistern::replay {
@@ -40,6 +41,14 @@ struct Policy {
   std::string name;   ///< "cistern", "torch", "nocache" or "planned"
   Config config;      ///< options applied on top of the policy's defaults
   std::string label;  ///< as written, e.g. "cistern:max_split_size_mb=256"
+  /// The option keys written after the colon ("torch:expandable_segments=false" gives
+  /// "expandable_segments").
+  std::vector<std::string> given;
+  /// torch: on a trace that records its allocator's settings (PyTorch snapshots), take them for
+  /// the keys `given` does not name (replay/recorded_settings.hpp), so that `-p torch` replays
+  /// a snapshot as it was recorded. `cistern advise` clears it: its candidates are whole settings
+  /// strings, in which a key left out is PyTorch's default.
+  bool take_recorded = true;
 
   /// Parses one policy; throws InvalidArgument naming the text on an unknown name or option.
   static Policy parse(const std::string& text);
@@ -49,6 +58,13 @@ struct Policy {
   static std::vector<Policy> parse_list(const std::string& text);
   /// The allocator this policy names, over `device` (a SimDevice, or an adaptor over one).
   std::unique_ptr<Allocator> make(Device& device) const;
+  /// The policy as it runs on `trace`: torch with the recorded settings under its own options
+  /// (see `take_recorded`); any other policy as it is. Throws `ConfigError` when the recorded
+  /// settings make an invalid configuration.
+  Policy for_trace(const trace::Trace& trace) const;
+  /// The PyTorch settings torch uses on `trace`, each with where its value came from; empty for
+  /// the other policies.
+  std::vector<SettingUse> settings_for(const trace::Trace& trace) const;
   /// Whether the policy can start warm (implements replay::WarmStart).
   bool supports_warm_start() const;
 };
@@ -211,9 +227,12 @@ struct Result {
   std::optional<double> device_ms;      ///< simulated device time of device calls (cost model)
   std::vector<TimelinePoint> timeline;  ///< when Options::timeline_points > 0
   std::optional<Snapshot> segment_map;  ///< at peak reserved, when asked
-  std::string error;                    ///< why the replay could not run (empty if it did)
-  std::string note;                     ///< a caveat about a figure (empty if none), e.g. a
-                                        ///< capacity probe that contradicted monotonicity
+  /// torch: the PyTorch settings the replay used, and whether each was recorded in the snapshot,
+  /// given in the policy's options or PyTorch's default (empty for other policies).
+  std::vector<SettingUse> settings;
+  std::string error;  ///< why the replay could not run (empty if it did)
+  std::string note;   ///< a caveat about a figure (empty if none), e.g. a
+                      ///< capacity probe that contradicted monotonicity
 };
 
 /// Replays `trace` with `policy`. Out-of-memory is counted, not thrown; a trace that cannot be

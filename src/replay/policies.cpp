@@ -136,6 +136,16 @@ bool starts_policy(const std::string& token) {
   return token[delimiter] == ':' && token.find('=', delimiter) != std::string::npos;
 }
 
+/// The keys of an options text ("a=1,b:[1:2,>:1]" gives "a", "b").
+std::vector<std::string> option_keys(const std::string& options) {
+  std::vector<std::string> keys;
+  for (const std::string& token : split_top_level(options)) {
+    std::string key = trimmed(token.substr(0, token.find_first_of(":=")));
+    if (!key.empty()) keys.push_back(std::move(key));
+  }
+  return keys;
+}
+
 }  // namespace
 
 Policy Policy::parse(const std::string& text) {
@@ -151,6 +161,7 @@ Policy Policy::parse(const std::string& text) {
   if (colon != std::string::npos) {
     try {
       policy.config.apply(written.substr(colon + 1));
+      policy.given = option_keys(written.substr(colon + 1));
     } catch (const ConfigError& e) {
       throw ConfigError(e.key(), fmt::format("policy '{}': {}", written, e.what()));
     }
@@ -187,6 +198,19 @@ std::unique_ptr<Allocator> Policy::make(Device& device) const {
   Config effective = config;
   if (name == "nocache") effective.pass_through = true;
   return kind.make(device, effective);
+}
+
+Policy Policy::for_trace(const trace::Trace& trace) const {
+  if (name != "torch" || !take_recorded) return *this;
+  Policy policy = *this;
+  policy.config = with_recorded_settings(trace, config, given);
+  return policy;
+}
+
+std::vector<SettingUse> Policy::settings_for(const trace::Trace& trace) const {
+  if (name != "torch") return {};
+  const Policy used = for_trace(trace);
+  return settings_used(trace, used.config, given, take_recorded);
 }
 
 bool Policy::supports_warm_start() const {

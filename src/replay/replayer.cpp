@@ -59,8 +59,9 @@ Replayer::Replayer(const trace::Trace& trace, const Plan& plan, const Policy& po
       rig_(own_device_ ? simulated(trace, *own_device_) : std::move(rig)),
       meter_(*rig_.below_meter, options.costs),
       hooks_(hooks),
-      allocator_(policy.make(meter_)),
+      allocator_(policy.for_trace(trace).make(meter_)),
       pointers_(plan.slots, nullptr),
+      deferred_(trace, rig_.sim),
       warm_(options.start == Start::warm) {
   // The planned policy knows a lifetime list's future: it plans the whole list before the start.
   // Any other trace it learns from the first pass (see end_pass).
@@ -149,7 +150,11 @@ bool Replayer::play(std::size_t event, const Step& step) {
           if (!hooks_->freeing(event, step, p, stream)) return true;
         }
         ++measures_.allocator_calls;
-        allocator_->deallocate(p, stream);
+        if (deferred_.active()) {
+          deferred_.deallocate(event, p, stream, *allocator_);
+        } else {
+          allocator_->deallocate(p, stream);
+        }
         pointers_[step.slot] = nullptr;
       }
       return true;
@@ -173,6 +178,7 @@ template <bool kHooks>
 void Replayer::loop(std::size_t& i, std::size_t end, bool stop_at_oom,
                     std::vector<std::uint64_t>* reserved_after) {
   while (i < end) {
+    if (deferred_.active()) deferred_.tick();
     if constexpr (kHooks) hooks_->before_event(i);
     const bool served = play<kHooks>(i, plan_.steps[i]);
     const std::uint64_t reserved = sample(i);

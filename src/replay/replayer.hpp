@@ -5,7 +5,9 @@
 // project: `run`, the capacity search, the segment-map pass, the replay on a real device
 // (device_replay.cpp), the recorded run for snapshots (snapshot_run.cpp) and the fidelity test
 // of the PyTorch emulation all drive one. What differs between them is the device under the meter
-// (a fresh SimDevice, a timing adaptor over a GPU, a recording adaptor) and `LoopHooks`.
+// (a fresh SimDevice, a timing adaptor over a GPU, a recording adaptor) and `LoopHooks`. On a
+// SimDevice, a free that PyTorch completed only later (other streams' uses) is made with a use of
+// a program stream whose work lasts until then (deferred_frees.hpp), for every policy.
 //
 // The event loop is the engine's hot path (millions of events per second): per event it reads
 // one 16-byte step, makes the allocator call, and samples `reserved_bytes()`; no allocation, no
@@ -24,6 +26,7 @@
 #include "cistern/errors.hpp"
 #include "cistern/sim_device.hpp"
 #include "plan/planned_allocator.hpp"
+#include "replay/deferred_frees.hpp"
 #include "replay/engine.hpp"
 #include "replay/metered_device.hpp"
 #include "replay/plan.hpp"
@@ -164,6 +167,7 @@ class Replayer {
   plan::PlannedAllocator* learning_ = nullptr;  // the planned policy learning passes
   plan::PlannedCounters pass_start_counters_;
   std::vector<void*> pointers_;  // by slot; nullptr: not allocated (or failed)
+  DeferredFrees deferred_;       // frees PyTorch completed later (other streams' uses)
   bool warm_ = false;
   Measures measures_;
   std::string start_note_;

@@ -5,6 +5,8 @@
 
 #include <cctype>
 #include <memory>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cistern/caching_allocator.hpp"
@@ -24,72 +26,136 @@ using Action = HistoryEntry::Action;
 struct Recorder {
   std::vector<HistoryEntry>* history = nullptr;  ///< null: the allocator records its own
   std::uint64_t time_us = 0;                     ///< the current event's time
+  std::size_t event = 0;                         ///< the current event (kAtStart: the start)
+  Stream stream;                                 ///< the current event's stream
 
-  void add(Action action, std::uintptr_t addr, std::size_t size, Stream stream) const {
+  void add(Action action, std::uintptr_t addr, std::size_t size, Stream on) const {
     if (history == nullptr) return;
     HistoryEntry entry;
     entry.action = action;
     entry.addr = addr;
     entry.size = size;
-    entry.stream = stream;
+    entry.stream = on;
     entry.time_us = time_us;
     entry.sequence = history->size();
     history->push_back(entry);
   }
+
+  /// A map or unmap of pages: one entry for the pages one event maps (or unmaps) in a row, as
+  /// PyTorch writes one per range.
+  void add_pages(Action action, std::uintptr_t addr, std::size_t size, Stream on) {
+    if (history == nullptr) return;
+    if (!history->empty() && pages_event_ == event) {
+      HistoryEntry& last = history->back();
+      if (last.action == action && last.addr + last.size == addr && last.stream == on) {
+        last.size += size;
+        return;
+      }
+    }
+    pages_event_ = event;
+    add(action, addr, size, on);
+  }
+
+ private:
+  std::size_t pages_event_ = static_cast<std::size_t>(-2);  ///< the event of the last page entry
 };
 
-/// Records segment allocations and frees; forwards everything else. It offers no virtual memory,
-/// so that every segment the allocator makes is one the history can describe.
+/// Records segment allocations and frees, and the maps and unmaps of pages (an emulation's
+/// expandable segments); forwards everything else. Segments and maps are recorded on the
+/// stream of the event that made them (the start's on the default stream).
 class RecordingDevice final : public ForwardingDevice {
  public:
-  RecordingDevice(Device& device, const Recorder& recorder)
+  RecordingDevice(Device& device, Recorder& recorder)
       : ForwardingDevice(device), recorder_(recorder) {}
 
   Status allocate(std::size_t bytes, void** ptr) noexcept override {
     const Status status = upstream().allocate(bytes, ptr);
     if (status == Status::ok) {
-      sizes_.emplace_back(reinterpret_cast<std::uintptr_t>(*ptr), bytes);
-      note(Action::segment_alloc, reinterpret_cast<std::uintptr_t>(*ptr), bytes);
+      const auto addr = reinterpret_cast<std::uintptr_t>(*ptr);
+      note(Action::segment_alloc, addr, bytes, held(addr, bytes));
     }
     return status;
   }
   Status deallocate(void* ptr) noexcept override {
-    const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-    std::size_t bytes = 0;
-    for (auto it = sizes_.begin(); it != sizes_.end(); ++it) {
-      if (it->first != addr) continue;
-      bytes = it->second;
-      sizes_.erase(it);
-      break;
-    }
-    note(Action::segment_free, addr, bytes);
+    const Range range = release(reinterpret_cast<std::uintptr_t>(ptr));
+    note(Action::segment_free, range.addr, range.bytes, range.stream);
     return upstream().deallocate(ptr);
   }
-  // Virtual memory and events are forwarded as they are: cistern's engine records its own
-  // segment_map / segment_unmap in the allocator's history.
+  // cistern's engine records its own segment_map / segment_unmap in the allocator's history
+  // (`recorder_.history` is null then); an emulation's maps are recorded here.
+  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
+             std::size_t offset) noexcept override {
+    const Status status = upstream().map(va, bytes, handle, offset);
+    if (status == Status::ok && recorder_.history != nullptr) {
+      const auto addr = reinterpret_cast<std::uintptr_t>(va);
+      note_pages(Action::segment_map, addr, bytes, held(addr, bytes));
+    }
+    return status;
+  }
+  Status unmap(void* va, std::size_t bytes) noexcept override {
+    const Status status = upstream().unmap(va, bytes);
+    if (status == Status::ok && recorder_.history != nullptr) {
+      const Range range = release(reinterpret_cast<std::uintptr_t>(va));
+      note_pages(Action::segment_unmap, range.addr, bytes, range.stream);
+    }
+    return status;
+  }
 
  private:
-  void note(Action action, std::uintptr_t addr, std::size_t bytes) noexcept {
+  /// A live segment or mapping and the stream it was recorded on.
+  struct Range {
+    std::uintptr_t addr = 0;
+    std::size_t bytes = 0;
+    Stream stream;
+  };
+
+  /// Remembers a new segment or mapping; returns its stream (the current event's).
+  Stream held(std::uintptr_t addr, std::size_t bytes) noexcept {
     try {
-      recorder_.add(action, addr, bytes, default_stream);
+      ranges_[addr] = Range{addr, bytes, recorder_.stream};
+    } catch (...) {  // out of host memory: its release is recorded with size 0
+    }
+    return recorder_.stream;
+  }
+  /// Forgets the segment or mapping at `addr` and returns it (size 0 if unknown).
+  Range release(std::uintptr_t addr) noexcept {
+    const auto found = ranges_.find(addr);
+    if (found == ranges_.end()) return Range{addr, 0, default_stream};
+    const Range range = found->second;
+    ranges_.erase(found);
+    return range;
+  }
+  void note(Action action, std::uintptr_t addr, std::size_t bytes, Stream stream) noexcept {
+    try {
+      recorder_.add(action, addr, bytes, stream);
     } catch (...) {  // out of host memory: the history misses an entry, the replay goes on
     }
   }
+  void note_pages(Action action, std::uintptr_t addr, std::size_t bytes, Stream stream) noexcept {
+    try {
+      recorder_.add_pages(action, addr, bytes, stream);
+    } catch (...) {  // as in note
+    }
+  }
 
-  const Recorder& recorder_;
-  std::vector<std::pair<std::uintptr_t, std::size_t>> sizes_;  // live segments
+  Recorder& recorder_;
+  std::unordered_map<std::uintptr_t, Range> ranges_;  // live segments and mappings, by address
 };
 
 /// The engine's loop hooks of a recorded run: the history's alloc, free and oom entries at the
 /// trace's event times.
 class RecordingHooks final : public detail::LoopHooks {
  public:
-  RecordingHooks(const trace::Trace& trace, Recorder& recorder, std::size_t slots)
-      : trace_(trace), recorder_(recorder), sizes_(slots, 0) {}
+  RecordingHooks(const trace::Trace& trace, Recorder& recorder, std::size_t slots,
+                 std::vector<Stream> streams)
+      : trace_(trace), recorder_(recorder), sizes_(slots, 0), streams_(std::move(streams)) {}
 
   void before_event(std::size_t event) override {
     if (event < trace_.events.size()) {
-      recorder_.time_us = static_cast<std::uint64_t>(trace_.events[event].time);
+      const trace::Event& e = trace_.events[event];
+      recorder_.time_us = static_cast<std::uint64_t>(e.time);
+      recorder_.event = event;
+      recorder_.stream = streams_[e.stream];
     }
   }
   void allocated(std::size_t, const detail::Step& step, void* ptr, Stream stream) override {
@@ -111,6 +177,7 @@ class RecordingHooks final : public detail::LoopHooks {
   const trace::Trace& trace_;
   Recorder& recorder_;
   std::vector<std::uint64_t> sizes_;  // requested size by slot
+  std::vector<Stream> streams_;       // the replay's stream of each trace stream
 };
 
 }  // namespace
@@ -124,12 +191,13 @@ RecordedRun record_run(const trace::Trace& trace, const Policy& policy, const Op
   SimDevice device(device_options);
   RecordedRun out;
   Recorder recorder;
+  recorder.event = detail::kAtStart;
   RecordingDevice recording(device, recorder);
-  RecordingHooks hooks(trace, recorder, plan.slots);
   detail::Rig rig;
   rig.device = rig.sim = &device;
   rig.below_meter = &recording;
   rig.streams = detail::map_streams(trace, [&device] { return device.create_stream(); });
+  RecordingHooks hooks(trace, recorder, plan.slots, rig.streams);
   Options cold = options;
   cold.start = Start::cold;
   cold.repeat = 1;

@@ -9,7 +9,9 @@
 // (`CachingAllocator::record_history`: frees that wait for other streams complete when they
 // really do). For the others (torch) the replay records it around the allocator: alloc after a
 // successful allocate, free_requested and free_completed together before deallocate,
-// segment_alloc / segment_free from the device calls, oom for a failed allocation. Times are the
+// segment_alloc / segment_free and segment_map / segment_unmap (the pages of expandable
+// segments, one entry per range an event maps) from the device calls, on the stream of the event
+// that made them, oom for a failed allocation. Times are the
 // trace's event times (cistern's own history: the host clock). The replay starts cold.
 #pragma once
 

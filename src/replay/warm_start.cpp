@@ -6,8 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
 #include <deque>
 #include <map>
 #include <memory>
@@ -23,46 +21,6 @@ namespace {
 
 void* pointer_to(std::uint64_t address) {
   return reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
-}
-
-/// The integers of a text such as "{'1': 0, '2': 4}" or "-1", in order.
-std::vector<long long> integers_in(const std::string& text) {
-  std::vector<long long> out;
-  const char* p = text.c_str();
-  while (*p != '\0') {
-    const bool starts_number = std::isdigit(static_cast<unsigned char>(*p)) != 0 ||
-                               (*p == '-' && std::isdigit(static_cast<unsigned char>(p[1])) != 0);
-    if (!starts_number) {
-      ++p;
-      continue;
-    }
-    char* end = nullptr;
-    out.push_back(std::strtoll(p, &end, 10));
-    p = end;
-    if (*p == '.') {  // a float: skip its fraction
-      ++p;
-      while (std::isdigit(static_cast<unsigned char>(*p)) != 0) ++p;
-    }
-  }
-  return out;
-}
-
-/// PyTorch's `roundup_power2_divisions` setting as its snapshot writes it: a dict from the start
-/// of each interval in MB ("1", "2", ... "32768") to its divisions.
-void apply_divisions(const std::string& text, Config& config) {
-  const std::vector<long long> numbers = integers_in(text);
-  if (numbers.size() == 1) {
-    config.roundup_power2_divisions.fill(static_cast<std::uint32_t>(std::max(0LL, numbers[0])));
-    return;
-  }
-  for (std::size_t i = 0; i + 1 < numbers.size(); i += 2) {
-    const long long mb = numbers[i];
-    if (mb <= 0 || (mb & (mb - 1)) != 0) continue;
-    const int index = detail::log2_floor(static_cast<std::uint64_t>(mb));
-    if (index >= kRoundupIntervals) continue;
-    config.roundup_power2_divisions[static_cast<std::size_t>(index)] =
-        static_cast<std::uint32_t>(std::max(0LL, numbers[i + 1]));
-  }
 }
 
 /// The live-before blocks of one recorded segment, by address.
@@ -333,23 +291,6 @@ ReservationLayout infer_reservations(const trace::Trace& trace,
   return layout;
 }
 
-Config recorded_config(const trace::Trace& trace) {
-  Config config;
-  for (const auto& [key, value] : trace.recorded.settings) {
-    const std::vector<long long> numbers = integers_in(value);
-    if (key == "max_split_size" && numbers.size() == 1 && numbers[0] > 0) {
-      config.max_split_size = static_cast<std::size_t>(numbers[0]);
-    } else if (key == "roundup_power2_divisions") {
-      apply_divisions(value, config);
-    } else if (key == "garbage_collection_threshold") {
-      config.garbage_collection_threshold = std::strtod(value.c_str(), nullptr);
-    } else if (key == "expandable_segments") {
-      config.expandable_segments = value == "True";
-    }
-  }
-  return config;
-}
-
 std::vector<std::size_t> infer_live_block_sizes(const trace::Trace& trace, const Config& recorded) {
   const detail::SizePolicy sizes(recorded);
   std::vector<std::size_t> out(trace.live_before.size());
@@ -395,7 +336,8 @@ WarmStartResult apply_warm_start(const trace::Trace& trace, WarmStart& policy, S
   if (expandable && !reservations) {
     result.note =
         "the recording used expandable segments and this policy maps no pages: PyTorch's mapped "
-        "ranges start as fixed segments (torch:expandable_segments:True reproduces them)";
+        "ranges start as fixed segments (plain torch, which takes expandable_segments:True from "
+        "the snapshot, reproduces them)";
   }
   for (const trace::RecordedSegment& segment : trace.recorded.initial_segments) {
     if (reservations && segment.is_expandable) continue;

@@ -28,6 +28,7 @@
 #include "cistern/config.hpp"
 #include "cistern/sim_device.hpp"
 #include "cistern/types.hpp"
+#include "replay/recorded_settings.hpp"
 #include "trace/trace.hpp"
 
 namespace cistern::replay {
@@ -104,12 +105,6 @@ struct WarmStartResult {
 /// the only ambiguity a window leaves about the earlier state on a single stream.
 std::vector<std::size_t> infer_live_block_sizes(const trace::Trace& trace,
                                                 const Config& recorded = Config{});
-
-/// The recording allocator's options, from `trace.recorded.settings` (PyTorch's
-/// `allocator_settings`: `max_split_size`, `roundup_power2_divisions`,
-/// `garbage_collection_threshold`, `expandable_segments`); PyTorch's defaults for whatever the
-/// snapshot does not say.
-Config recorded_config(const trace::Trace& trace);
 
 /// One address reservation of an expandable segment, as a warm start infers it.
 struct InferredReservation {

@@ -14,6 +14,9 @@
 #include <optional>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "cistern/errors.hpp"
 #include "cistern/history.hpp"
@@ -162,6 +165,7 @@ class WindowReader {
     SegmentHistory history(name_, device_);
     read_final_segments(history);
     history.rebuild(trace_.recorded, segment_positions_);
+    defer_pending_frees();
     lifetimes_.finish();
     trace_.streams = streams_.handles();
   }
@@ -352,6 +356,9 @@ class WindowReader {
     for (const Value block : blocks) {
       const Place at{name_, "segments[{}].blocks[{}]", segment, index++};
       const Value state = at.field(block, "state");
+      if (state.is_string() && state.as_string() == "active_pending_free") {
+        pending_at_end_.insert(at.address(block, "address"));
+      }
       if (!state.is_string() || state.as_string() != "active_allocated") continue;
       const std::uint64_t addr = at.address(block, "address");
       if (lifetimes_.live_at(addr)) continue;  // allocated in the window
@@ -363,6 +370,23 @@ class WindowReader {
       const std::uint64_t size = at.size(block, key);
       refuse_overlap(at, "active_allocated block", addr, size);
       lifetimes_.live_throughout(addr, size, stream);
+    }
+  }
+
+  /// Frees the program requested in the window that PyTorch had not completed when it took the
+  /// snapshot (no `free_completed`, and the final `segments` show the block
+  /// `active_pending_free`: other streams' work on it was still outstanding) complete after the
+  /// last event. Without the final state's word a missing completion is taken as immediate.
+  void defer_pending_frees() {
+    std::vector<std::pair<std::size_t, std::uint64_t>> pending;  // (free event, id)
+    for (const auto& [addr, free] : pending_) {
+      if (pending_at_end_.count(addr) != 0) pending.emplace_back(free.free_event, free.id);
+    }
+    std::sort(pending.begin(), pending.end());
+    const std::int64_t end = trace_.events.empty() ? 0 : trace_.events.back().time;
+    for (const auto& [event, id] : pending) {
+      trace_.recorded.deferred_frees.push_back(
+          RecordedFreeCompletion{id, trace_.events.size(), end});
     }
   }
 
@@ -387,6 +411,7 @@ class WindowReader {
   AddressLifetimes lifetimes_;
   StreamTable streams_;
   std::unordered_map<std::uint64_t, Pending> pending_;  ///< requested, not yet completed frees
+  std::unordered_set<std::uint64_t> pending_at_end_;    ///< active_pending_free final blocks
   std::vector<std::size_t> segment_positions_;          ///< where each segment event was read
   bool in_release_ = false;                  ///< the last event read was a segment_free/unmap
   std::vector<std::size_t> release_events_;  ///< the empty_cache events made of releases

@@ -14,8 +14,10 @@
 //   before the window (size: the event's requested size); an `active_allocated` block of the
 //   final `segments` that the window did not allocate was live throughout (its
 //   `requested_size`). The trace's free is `free_requested`; a `free_completed` separated from it
-//   by other events goes to `recorded.deferred_frees`; a `free_completed` whose request came
-//   before the window is dropped (the program had already freed it). `recorded`: the segments
+//   by other events goes to `recorded.deferred_frees`, and so does a `free_requested` never
+//   completed whose block the final `segments` show `active_pending_free` (completing after the
+//   last event); a `free_completed` whose request came before the window is dropped (the
+//   program had already freed it). `recorded`: the segments
 //   held when the window opened (the final ones, undoing the window's segment events backwards),
 //   every segment event in place, initial and peak reserved bytes derived from them,
 //   `allocator_settings` as text, `oom` events. A segment freed in the window is not in the final

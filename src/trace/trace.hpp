@@ -104,7 +104,8 @@ struct RecordedSegmentEvent {
 /// are not listed.
 struct RecordedFreeCompletion {
   std::uint64_t id = 0;  ///< the freed allocation
-  /// Completes just before events[before_event] (== events.size(): after the last event).
+  /// Completes just before events[before_event] (== events.size(): after the last event, or
+  /// not within the window: still pending when the snapshot was taken).
   std::size_t before_event = 0;
   std::int64_t time = 0;
 };
