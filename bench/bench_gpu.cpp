@@ -5,8 +5,8 @@
 // CudaVmmDevice) and without it (`vmm:false`), cudaMalloc, cudaMallocAsync (pool, release
 // threshold unlimited), CUB's CachingDeviceAllocator and PyTorch's caching allocator.
 //
-//   bench_gpu --out DIR [--trace FILE]... [--torch-shim LIB] [--device N] [--smoke]
-//             [--budget-s S] [--self-test]
+//   bench_gpu --out DIR [--trace FILE]... [--trace-if-present FILE]... [--torch-shim LIB]
+//             [--device N] [--smoke] [--budget-s S] [--self-test]
 //
 // Two workloads per allocator, all on the device's default stream:
 //   cache_hit     allocate + free of one size, again and again after a warm-up: the hot path
@@ -17,7 +17,9 @@
 //                 is marked partial (raw cudaMalloc on a long trace).
 // Writes DIR/bench_gpu.json and DIR/bench_gpu.md. Exits 77 (skipped) when no GPU can be used.
 // --self-test runs the whole program without a GPU, host malloc standing in for the allocators
-// (a CTest check of the harness, the JSON and the markdown).
+// (a CTest check of the harness, the JSON and the markdown). --trace-if-present names a trace
+// that is replayed when the file exists and otherwise left out with a line saying so (the
+// shared traces, on a clone without ../shared).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -77,6 +79,14 @@ Args parse_args(int argc, char** argv) {
       args.out = argv[++i];
     } else if (flag == "--trace" && has_value) {
       args.traces.emplace_back(argv[++i]);
+    } else if (flag == "--trace-if-present" && has_value) {
+      const std::string path = argv[++i];
+      if (std::filesystem::exists(path)) {
+        args.traces.push_back(path);
+      } else {
+        std::printf("bench_gpu: no trace at %s (../shared is not beside this clone?): left out\n",
+                    path.c_str());
+      }
     } else if (flag == "--torch-shim" && has_value) {
       args.torch_shim = argv[++i];
     } else if (flag == "--device" && has_value) {
@@ -85,8 +95,8 @@ Args parse_args(int argc, char** argv) {
       args.budget_s = std::atof(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: bench_gpu --out DIR [--trace FILE]... [--torch-shim LIB] "
-                   "[--device N] [--smoke] [--budget-s S] [--self-test]\n");
+                   "usage: bench_gpu --out DIR [--trace FILE]... [--trace-if-present FILE]... "
+                   "[--torch-shim LIB] [--device N] [--smoke] [--budget-s S] [--self-test]\n");
       std::exit(2);
     }
   }

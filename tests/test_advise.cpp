@@ -1,7 +1,9 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// `cistern advise`'s search (replay/advise.hpp): the values it draws from a trace, and that it
-// finds the configuration that a hand-worked example says is best, with that example's figures.
+// `cistern advise`'s search (replay/advise.hpp): the values it draws from a trace, the
+// combinations it tries (expandable segments among them), that it finds the configuration that
+// a hand-worked example says is best, with that example's figures, and that cistern's own figure
+// is a replay of cistern's defaults.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,6 +47,22 @@ trace::Trace make_trace(const std::vector<std::int64_t>& steps) {
 
 std::int64_t mib(double m) { return static_cast<std::int64_t>(m * static_cast<double>(MiB)); }
 
+const AdviceCandidate* find(const Advice& advice, const std::string& config) {
+  for (const AdviceCandidate& c : advice.candidates) {
+    if (c.config == config) return &c;
+  }
+  return nullptr;
+}
+
+/// cistern's figure in `advice` is what a replay of cistern's defaults finds on its own.
+void expect_cistern_is_its_replay(const trace::Trace& t, const Advice& advice,
+                                  const AdviseOptions& options) {
+  EXPECT_TRUE(advice.cistern.error.empty()) << advice.cistern.error;
+  EXPECT_EQ(advice.cistern.config, "");
+  EXPECT_EQ(advice.cistern.min_capacity, min_capacity(t, Policy::parse("cistern"), options.replay));
+  EXPECT_GT(advice.cistern.min_capacity, 0u);
+}
+
 TEST(Advise, SplitValuesComeFromTheTracesLargeSizes) {
   const trace::Trace t = make_trace({mib(1), mib(25), mib(25.5), mib(30), mib(100), mib(19.5)});
   EXPECT_EQ(max_split_values(t, 8), (std::vector<std::uint64_t>{25, 26, 30, 100}));
@@ -60,6 +78,23 @@ TEST(Advise, DivisionListsSitAtTheByteMedian) {
                 "roundup_power2_divisions:[32:1,>:4]", "roundup_power2_divisions:[32:4,>:1]",
                 "roundup_power2_divisions:[64:1,>:4]", "roundup_power2_divisions:[64:4,>:1]"}));
   EXPECT_TRUE(division_lists(t, 1).empty());
+}
+
+TEST(Advise, CombinationsPairExpandableSegmentsWithRoundingOnly) {
+  const std::string split = "max_split_size_mb:95";
+  const std::string r4 = "roundup_power2_divisions:4";
+  const std::string r8 = "roundup_power2_divisions:8";
+  const std::string list = "roundup_power2_divisions:[32:1,>:4]";
+  const std::string gc = "garbage_collection_threshold:0.6,per_process_memory_fraction:0.99";
+  const std::string es = "expandable_segments:True";
+  EXPECT_EQ(combine_options({split}, {r4}, {gc}, {r4, r8, list}),
+            (std::vector<std::string>{"", gc, r4, r4 + "," + gc, split, split + "," + gc,
+                                      split + "," + r4, split + "," + r4 + "," + gc,
+                                      // Expandable segments alone and with every rounding; never
+                                      // with the split threshold or garbage collection.
+                                      es, r4 + "," + es, r8 + "," + es, list + "," + es}));
+  // Nothing to combine: the defaults and expandable segments alone.
+  EXPECT_EQ(combine_options({}, {}, {}, {}), (std::vector<std::string>{"", es}));
 }
 
 // A 100 MiB segment is cached; a 12 MiB block splits it and stays live, so a 95 MiB request
@@ -104,7 +139,50 @@ TEST(Advise, FindsTheSplitThresholdThatAvoidsPinnedSegments) {
   EXPECT_EQ(expandable->min_capacity, 120 * MiB);
   EXPECT_EQ(expandable->device_allocs, 0u);
   EXPECT_GT(expandable->device_maps, 0u);
-  EXPECT_GT(advice.cistern_min_capacity, 0u);
+  // Expandable segments were also tried with each rounding, and never with a split threshold
+  // or garbage collection.
+  for (const unsigned d : {2, 4, 8, 16}) {
+    const std::string config =
+        "roundup_power2_divisions:" + std::to_string(d) + ",expandable_segments:True";
+    EXPECT_NE(find(advice, config), nullptr) << config;
+  }
+  for (const AdviceCandidate& c : advice.candidates) {
+    if (c.config.find("expandable_segments:True") == std::string::npos) continue;
+    EXPECT_EQ(c.config.find("max_split_size_mb"), std::string::npos) << c.config;
+    EXPECT_EQ(c.config.find("garbage_collection_threshold"), std::string::npos) << c.config;
+  }
+  expect_cistern_is_its_replay(t, advice, options);
+}
+
+// Two 14 MiB segments are freed, then two 12 MiB blocks split them (2 MiB left in each) and a
+// 6 MiB request gets a 20 MiB segment of its own: 14 + 14 + 20 = 48 MiB under PyTorch's
+// defaults, none of it releasable. No split threshold (at least 20 MiB, above every request)
+// helps, nor any rounding: 12, 14 and 6 MiB stay whole, or 14 becomes 16 and leaves 4 MiB holes,
+// still too small. Expandable segments put 14 + 14 MiB side by side in two 20 MiB pages; freed,
+// they merge into one 40 MiB free range that holds 12 + 12 + 6 MiB: 40 MiB, the best
+// configuration.
+TEST(Advise, ExpandableSegmentsWinWhereFreedSegmentsMerge) {
+  const trace::Trace t =
+      make_trace({mib(14), mib(14), -1, -2, mib(12), mib(12), mib(6), -3, -4, -5});
+  AdviseOptions options;
+  options.threads = 2;
+  const Advice advice = advise(t, options);
+  EXPECT_EQ(advice.defaults.min_capacity, 48 * MiB);
+  ASSERT_FALSE(advice.candidates.empty());
+  EXPECT_EQ(advice.candidates.front().config, "expandable_segments:True");
+  EXPECT_EQ(advice.candidates.front().min_capacity, 40 * MiB);
+  EXPECT_EQ(advice.candidates.front().device_allocs, 0u);
+  EXPECT_EQ(advice.candidates.front().device_maps, 2u);
+  // Without expandable segments nothing needs less than the defaults (a memory fraction or
+  // 14 -> 16 MiB rounding needs more); with them every rounding fits in the same two pages.
+  for (const AdviceCandidate& c : advice.candidates) {
+    if (c.config.find("expandable_segments:True") == std::string::npos) {
+      EXPECT_GE(c.min_capacity, 48 * MiB) << c.config;
+    } else {
+      EXPECT_EQ(c.min_capacity, 40 * MiB) << c.config;
+    }
+  }
+  expect_cistern_is_its_replay(t, advice, options);
 }
 
 TEST(Advise, BaselineIsTheTracesOwnSettings) {

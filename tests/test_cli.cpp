@@ -781,7 +781,13 @@ TEST_F(Cli, AdviseFindsTheBestConfigurationAndWritesJsonAndHtml) {
   const Outcome o = run("advise --json " + quote(out.string()) + " --html " + quote(html.string()) +
                         " " + quote(temp("pin.csv").string()));
   ASSERT_EQ(o.code, 0) << o.err;
-  EXPECT_NE(o.out.find("max_split_size_mb:95"), std::string::npos) << o.out;
+  // The answer, under the variable PyTorch reads now and, as a comment, the older one.
+  EXPECT_NE(o.out.find("  export PYTORCH_ALLOC_CONF='max_split_size_mb:95'\n"
+                       "  # PyTorch 2.9 and earlier read only PYTORCH_CUDA_ALLOC_CONF; where it is "
+                       "set, it wins:\n"
+                       "  # export PYTORCH_CUDA_ALLOC_CONF='max_split_size_mb:95'\n"),
+            std::string::npos)
+      << o.out;
   const json doc = json::parse(slurp(out));
   ASSERT_EQ(doc.at("results").size(), 1u);
   const json& r = doc.at("results")[0];
@@ -790,12 +796,61 @@ TEST_F(Cli, AdviseFindsTheBestConfigurationAndWritesJsonAndHtml) {
   EXPECT_EQ(r.at("baseline").at("min_capacity").get<std::uint64_t>(), 196 * mib);
   EXPECT_EQ(r.at("best").at("config"), "max_split_size_mb:95");
   EXPECT_EQ(r.at("best").at("min_capacity").get<std::uint64_t>(), 108 * mib);
+  EXPECT_EQ(r.at("best").at("device_allocs"), 2);
+  EXPECT_EQ(r.at("variables"), json::parse(R"({"PYTORCH_ALLOC_CONF": "max_split_size_mb:95",
+                                               "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:95"})"));
   ASSERT_GT(r.at("candidates").size(), 10u);
-  for (const char* key : {"config", "min_capacity", "device_allocs", "device_ms"})
+  for (const char* key : {"config", "min_capacity", "device_allocs", "device_maps", "device_ms"})
     EXPECT_TRUE(r.at("candidates")[0].contains(key)) << key;
+  bool expandable = false;
+  for (const json& c : r.at("candidates"))
+    expandable |= c.at("config") == "expandable_segments:True";
+  EXPECT_TRUE(expandable);
+  // cistern's figure is that of a replay of cistern's defaults, and its saving is against the
+  // best PyTorch setting.
+  const Outcome replay =
+      run("replay -p cistern --min-capacity --json - " + quote(temp("pin.csv").string()));
+  ASSERT_EQ(replay.code, 0) << replay.err;
+  std::uint64_t replayed = 0;
+  const json replay_doc = json::parse(replay.out);
+  for (const json& row : replay_doc.at("results"))
+    if (row.at("policy") == "cistern") replayed = row.at("min_capacity").get<std::uint64_t>();
+  ASSERT_GT(replayed, 0u) << replay.out;
+  const json& c = r.at("cistern");
+  EXPECT_EQ(c.at("policy"), "cistern");
+  EXPECT_EQ(c.at("min_capacity").get<std::uint64_t>(), replayed);
+  for (const char* key : {"device_allocs", "device_maps", "device_ms"})
+    EXPECT_TRUE(c.contains(key)) << key;
+  EXPECT_DOUBLE_EQ(c.at("saving_vs_best").get<double>(),
+                   (108.0 * mib - static_cast<double>(replayed)) / (108.0 * mib));
+  // The table has cistern's row and the comparison with the best setting.
+  EXPECT_NE(o.out.find("  cistern (its defaults) needs "), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find(" the best PyTorch setting (108.00 MiB)\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("(cistern's own allocator, its defaults)"), std::string::npos) << o.out;
   const std::string page = slurp(html);
-  EXPECT_NE(page.find("PYTORCH_CUDA_ALLOC_CONF"), std::string::npos);
+  EXPECT_NE(page.find("<th>PYTORCH_ALLOC_CONF</th>"), std::string::npos);
+  EXPECT_NE(page.find("export PYTORCH_ALLOC_CONF=&#39;max_split_size_mb:95&#39;"),
+            std::string::npos);
   EXPECT_NE(page.find("max_split_size_mb:95"), std::string::npos);
+}
+
+TEST_F(Cli, AdviseSaysToLeaveTheVariablesUnsetWhenTheDefaultsAreBest) {
+  // One 1000-byte buffer: every configuration needs one 2 MiB small segment, and the defaults
+  // win the tie (the shortest string).
+  write(temp("one.csv"), "id,lower,upper,size\n0,0,1,1000\n");
+  const Outcome o = run("advise --json - " + quote(temp("one.csv").string()));
+  ASSERT_EQ(o.code, 0) << o.err;
+  const json r = json::parse(o.out).at("results")[0];
+  EXPECT_EQ(r.at("best").at("config"), "");
+  EXPECT_EQ(r.at("best").at("min_capacity"), 2u << 20);
+  EXPECT_EQ(r.at("variables").at("PYTORCH_ALLOC_CONF"), "");
+  const Outcome table = run("advise " + quote(temp("one.csv").string()));
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("  PyTorch's defaults need the least: leave PYTORCH_ALLOC_CONF and "
+                           "PYTORCH_CUDA_ALLOC_CONF unset\n"),
+            std::string::npos)
+      << table.out;
+  EXPECT_EQ(table.out.find("export "), std::string::npos) << table.out;
 }
 
 }  // namespace

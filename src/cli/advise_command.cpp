@@ -1,7 +1,7 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// `cistern advise TRACE...`: which PYTORCH_CUDA_ALLOC_CONF needs the smallest device for each
-// trace (replay/advise.hpp says how the search runs and how it is pruned).
+// `cistern advise TRACE...`: which PYTORCH_ALLOC_CONF needs the smallest device for each trace,
+// and what cistern needs beside it (replay/advise.hpp says how the search runs and is pruned).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -86,8 +86,9 @@ Command add_advise_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "advise",
       "Search PyTorch's allocator options (max_split_size_mb, roundup_power2_divisions, "
-      "garbage_collection_threshold) on the torch emulation for the PYTORCH_CUDA_ALLOC_CONF "
-      "that needs the smallest device for each trace");
+      "garbage_collection_threshold, expandable_segments) on the torch emulation for the "
+      "PYTORCH_ALLOC_CONF (PyTorch 2.9 and earlier: PYTORCH_CUDA_ALLOC_CONF) that needs the "
+      "smallest device for each trace, and show cistern's own figure beside it");
   app->add_option("trace", args->traces, "Trace files (every format cistern replay reads)")
       ->required();
   app->add_option("--capacity,-c", args->capacity,

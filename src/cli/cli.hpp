@@ -57,7 +57,7 @@ Command add_replay_command(CLI::App& parent);
 Command add_info_command(CLI::App& parent);
 /// `cistern convert INPUT OUTPUT`: rewrite a trace in another format.
 Command add_convert_command(CLI::App& parent);
-/// `cistern advise TRACE...`: the PYTORCH_CUDA_ALLOC_CONF that needs the smallest device.
+/// `cistern advise TRACE...`: the PYTORCH_ALLOC_CONF that needs the smallest device, and cistern's.
 Command add_advise_command(CLI::App& parent);
 /// `cistern plan TRACE...`: plan each trace's allocations into one arena ahead of time.
 Command add_plan_command(CLI::App& parent);

@@ -14,13 +14,19 @@
 namespace cistern::cli {
 
 /// Per trace: the baseline, the `rows` best configurations (min_capacity, saving against the
-/// baseline, cudaMalloc calls, page maps, simulated device ms, the PYTORCH_CUDA_ALLOC_CONF), and
-/// cistern's own figure.
+/// baseline, cudaMalloc calls, page maps, simulated device ms, the PYTORCH_ALLOC_CONF string),
+/// a row for cistern's own allocator, cistern's figure against the best setting in words, and
+/// the shell lines that set the best one (`export PYTORCH_ALLOC_CONF='...'`, then the older
+/// PYTORCH_CUDA_ALLOC_CONF as a comment).
 std::string format_advice_table(const std::vector<replay::Advice>& advice, std::size_t rows);
 
 /// `{"results": [{"trace", "device", "baseline": {"config", "min_capacity"}, "defaults": {...},
-/// "best": {...}, "cistern": {"min_capacity"}, "seconds", "candidates": [{"config",
-/// "min_capacity", "device_allocs", "device_maps", "device_ms"}, ...]}]}`, best first.
+/// "best": {"config", "min_capacity", "device_allocs", "device_maps", "device_ms"},
+/// "variables": {"PYTORCH_ALLOC_CONF": best config, "PYTORCH_CUDA_ALLOC_CONF": the same} ("" =
+/// leave unset), "cistern": {"policy": "cistern", "min_capacity", "device_allocs",
+/// "device_maps", "device_ms", "saving_vs_best" (fraction of best's min_capacity, negative when
+/// cistern needs more)} (or {"policy", "min_capacity": null, "error"}), "seconds",
+/// "candidates": [{as best}, ...]}]}`, candidates best first.
 nlohmann::ordered_json advice_json(const std::vector<replay::Advice>& advice);
 
 /// One trace's section of the HTML report: the `rows` best configurations as a table.

@@ -24,7 +24,9 @@ constexpr const char* kGarbageCollection[] = {
     "garbage_collection_threshold:0.6,per_process_memory_fraction:0.99",
     "garbage_collection_threshold:0.8,per_process_memory_fraction:0.99"};
 
-/// Options joined in PYTORCH_CUDA_ALLOC_CONF syntax, unset ("") ones left out.
+constexpr const char* kExpandable = "expandable_segments:True";
+
+/// Options joined in PYTORCH_ALLOC_CONF syntax, unset ("") ones left out.
 std::string joined(const std::vector<std::string>& parts) {
   std::string out;
   for (const std::string& part : parts) {
@@ -198,6 +200,22 @@ std::vector<std::uint64_t> max_split_values(const trace::Trace& trace, std::size
   return spread;
 }
 
+std::vector<std::string> combine_options(const std::vector<std::string>& splits,
+                                         const std::vector<std::string>& roundings,
+                                         const std::vector<std::string>& gcs,
+                                         const std::vector<std::string>& expandable_roundings) {
+  std::vector<std::string> out;
+  const auto add = [&out](const std::string& config) {
+    if (std::find(out.begin(), out.end(), config) == out.end()) out.push_back(config);
+  };
+  for (const std::string& split : with_unset(splits))
+    for (const std::string& rounding : with_unset(roundings))
+      for (const std::string& gc : with_unset(gcs)) add(joined({split, rounding, gc}));
+  for (const std::string& rounding : with_unset(expandable_roundings))
+    add(joined({rounding, kExpandable}));
+  return out;
+}
+
 std::vector<std::string> division_lists(const trace::Trace& trace, unsigned divisions) {
   std::vector<std::uint64_t> sizes = request_sizes(trace);
   if (sizes.empty() || divisions <= 1) return {};
@@ -234,7 +252,7 @@ Advice advise(const trace::Trace& trace, const AdviseOptions& options,
   const std::vector<std::string> splits = split_configs(trace, options.split_values);
   const std::vector<std::string> singles = single_division_configs();
   const std::vector<std::string> gcs = gc_configs();
-  const std::vector<std::string> expandables{"expandable_segments:True"};
+  const std::vector<std::string> expandables{kExpandable};
   std::vector<std::string> stage1{"", baseline};
   for (const auto* group : {&splits, &singles, &gcs, &expandables})
     stage1.insert(stage1.end(), group->begin(), group->end());
@@ -249,16 +267,12 @@ Advice advise(const trace::Trace& trace, const AdviseOptions& options,
       division_lists(trace, best_single_division(search, singles));
   search.evaluate(lists);
 
-  // Stage 3: combinations of each option's best values ("" = unset).
+  // Stage 3: combinations of each option's best values, and expandable segments with every
+  // rounding (their blocks are cut to the rounded sizes, so the best rounding may differ).
   std::vector<std::string> roundings = singles;
   roundings.insert(roundings.end(), lists.begin(), lists.end());
-  std::vector<std::string> combinations;
-  for (const std::string& split : with_unset(search.best_of(splits, 3)))
-    for (const std::string& rounding : with_unset(search.best_of(roundings, 3)))
-      for (const std::string& gc : with_unset(search.best_of(gcs, 1)))
-        for (const std::string& expandable : with_unset(expandables))
-          combinations.push_back(joined({split, rounding, gc, expandable}));
-  search.evaluate(combinations);
+  search.evaluate(combine_options(search.best_of(splits, 3), search.best_of(roundings, 3),
+                                  search.best_of(gcs, 1), roundings));
   search.evaluate({""}, "cistern");
 
   Advice advice;
@@ -267,7 +281,7 @@ Advice advise(const trace::Trace& trace, const AdviseOptions& options,
   advice.baseline = search.get(baseline);
   advice.defaults = search.get("");
   advice.candidates = search.ranking();
-  advice.cistern_min_capacity = search.get("", "cistern").min_capacity;
+  advice.cistern = search.get("", "cistern");
   advice.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return advice;
 }

@@ -1,6 +1,8 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// `cistern advise`: which PYTORCH_CUDA_ALLOC_CONF needs the smallest device for a workload.
+// `cistern advise`: which PYTORCH_ALLOC_CONF (the variable PyTorch 2.9 and earlier read is
+// PYTORCH_CUDA_ALLOC_CONF) needs the smallest device for a workload, and what cistern's own
+// allocator needs beside it.
 //
 // Every configuration is replayed on the `torch` emulation (cold start: each configuration
 // builds its own cache from an empty device, the snapshot's own settings included), and its
@@ -17,8 +19,14 @@
 //     threshold does nothing without a fraction), and `expandable_segments:True`;
 //  2. per-size `roundup_power2_divisions` lists around the trace's byte-weighted median size:
 //     the best single value above it and no rounding below, and the reverse;
-//  3. every combination of each option's three best values (one for garbage collection and
-//     for expandable segments), "unset" counting as a value: at most 4 x 4 x 2 x 2 replays.
+//  3. combinations (combine_options): every combination of the three best split values, the
+//     three best roundings and the best garbage-collection setting, "unset" counting as a value
+//     (at most 4 x 4 x 2), and `expandable_segments:True` with each rounding tried in stages 1
+//     and 2 (at most 8). Expandable segments are not combined with `max_split_size_mb` (their
+//     blocks split whatever the threshold; PyTorch's maintainers call the pair meaningless and it
+//     is reported to grow reserved memory, pytorch#123548) nor with
+//     `garbage_collection_threshold` (which never frees expandable blocks: only the memory
+//     fraction it needs would remain).
 #pragma once
 
 #include <cstddef>
@@ -34,7 +42,7 @@ namespace cistern::replay {
 
 /// One configuration tried, with its figures.
 struct AdviceCandidate {
-  std::string config;  ///< in PYTORCH_CUDA_ALLOC_CONF syntax; "" is PyTorch's defaults
+  std::string config;  ///< in PYTORCH_ALLOC_CONF syntax; "" is PyTorch's defaults (for cistern: "")
   std::uint64_t min_capacity = 0;
   std::uint64_t device_allocs = 0;  ///< cudaMalloc calls of a replay on `Options::capacity`
   std::uint64_t device_maps = 0;    ///< its page mappings (expandable segments)
@@ -51,8 +59,9 @@ struct Advice {
   /// Every configuration replayed without error, best first: smallest min_capacity, then least
   /// device time, then the shortest configuration string.
   std::vector<AdviceCandidate> candidates;
-  std::uint64_t cistern_min_capacity = 0;  ///< cistern's own allocator, default options
-  double seconds = 0;                      ///< wall time of the search
+  /// cistern's own allocator with its default options, replayed as the candidates are.
+  AdviceCandidate cistern;
+  double seconds = 0;  ///< wall time of the search
 };
 
 /// How `advise` runs.
@@ -71,6 +80,15 @@ std::vector<std::uint64_t> max_split_values(const trace::Trace& trace, std::size
 /// single value: "[K:1,>:d]" and "[K:d,>:1]" for K the power of two (MiB) at or below the
 /// trace's byte-weighted median request, and twice that.
 std::vector<std::string> division_lists(const trace::Trace& trace, unsigned divisions);
+
+/// Stage 3's configurations (see the file comment) from each option's best values, best first:
+/// `splits` (max_split_size_mb), `roundings` (the best roundup_power2_divisions), `gcs` (the best
+/// garbage-collection setting) and `expandable_roundings` (every rounding tried, each combined
+/// with expandable segments). "Unset" is added to the first three; the result has no duplicates.
+std::vector<std::string> combine_options(const std::vector<std::string>& splits,
+                                         const std::vector<std::string>& roundings,
+                                         const std::vector<std::string>& gcs,
+                                         const std::vector<std::string>& expandable_roundings);
 
 /// Searches PyTorch's options for `trace` (see the file comment). `progress(done, total)` is
 /// called from the calling thread as replays finish (total grows from stage to stage). Throws
