@@ -62,6 +62,8 @@ CUPY_ALLOCATORS = ("cupy", "cistern", "cistern-classic")
 FRAGMENTATION = "fragmentation"
 UNCAPPED = "uncapped"
 MEMPOOL = "mempool"
+OOM_CHECK = "oom"
+OOM_CHECK_CAP = GiB  # the cap of the out-of-memory check: 256 MiB held, 2 GiB asked for
 
 # The fragmentation case (bytes).
 FRAG_CAP = 4 * GiB
@@ -90,9 +92,10 @@ def row_factor(row):
 
 def planned_rows(framework, allocator):
     """The rows of one allocator's process, in the order they run: the fragmentation case first
-    (on a fresh process), uncapped (the base of the caps), the caps from loose to tight, and for
-    PyTorch's native allocator the MemPool check last."""
-    rows = [FRAGMENTATION, UNCAPPED] + [cap_row(f) for f in sorted(CAP_FACTORS, reverse=True)]
+    (on a fresh process), for PyTorch the out-of-memory check, uncapped (the base of the caps),
+    the caps from loose to tight, and for PyTorch's native allocator the MemPool check last."""
+    rows = [FRAGMENTATION] + ([OOM_CHECK] if framework == "torch" else []) + [UNCAPPED]
+    rows += [cap_row(f) for f in sorted(CAP_FACTORS, reverse=True)]
     if framework == "torch" and allocator == "native":
         rows.append(MEMPOOL)
     return rows
@@ -245,7 +248,7 @@ def training_table(results, framework, allocators, title):
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for allocator in allocators:
         for row in planned_rows(framework, allocator):
-            if row in (FRAGMENTATION, MEMPOOL):
+            if row in (FRAGMENTATION, MEMPOOL, OOM_CHECK):
                 continue
             r = results.get((framework, allocator, row))
             if r is None:
@@ -289,6 +292,26 @@ def fragmentation_table(results):
     return lines
 
 
+def oom_table(results):
+    lines = ["### Out of memory: %d MiB held, 2 GiB asked for under a %d GiB cap, then %d MiB "
+             "and a matrix product (cistern: through enable())" % (
+                 256, OOM_CHECK_CAP // GiB, 256), "",
+             "| allocator | raised | cistern's message | next allocation | CUDA context | "
+             "message |", "|---|---|---|---|---|---|"]
+    for (framework, allocator, row), r in sorted(results.items()):
+        if framework != "torch" or row != OOM_CHECK:
+            continue
+        if r.get("status") != "ok":
+            lines.append("| %s | %s | - | - | - | %s |" % (
+                r.get("label", allocator), r.get("status"), _cell(r.get("detail", ""))[:200]))
+            continue
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            r.get("label", allocator), _cell(r.get("oom_type", "nothing")),
+            "yes" if r.get("carries_cistern_message") else "no", r.get("next_allocation", "-"),
+            r.get("context", "-"), _cell(r.get("error", ""))[:200]))
+    return lines
+
+
 def summary_table(results, framework, allocators):
     lines = ["| allocator | tightest cap with 0 OOM steps | uncapped median step ms |",
              "|---|---:|---:|"]
@@ -323,6 +346,8 @@ def markdown(meta, events):
         lines += [""] + training_table(results, framework, allocators, "%s (caps x %s)" % (
             title, "%s GiB" % _gib(base) if base else "the base peak"))
         lines += [""] + summary_table(results, framework, allocators)
+    if any(row == OOM_CHECK for (_, _, row) in results):
+        lines += [""] + oom_table(results)
     if any(row == FRAGMENTATION for (_, _, row) in results):
         lines += [""] + fragmentation_table(results)
     mempool = results.get(("torch", "native", MEMPOOL))
@@ -760,7 +785,33 @@ def torch_worker(args):
         result["route"] = cistern.torch.oom_route_detail()
         return result
 
-    handlers = {FRAGMENTATION: fragmentation, MEMPOOL: mempool}
+    def oom_check(row):
+        memory.reset()
+        memory.set_fraction(cap_fraction(OOM_CHECK_CAP, memory.total))
+        memory.reset()
+        result = {}
+        held = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+        try:
+            torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")
+            result.update(status="error", detail="2 GiB was served under a 1 GiB cap")
+        except Exception as error:
+            is_oom, kind = _is_oom(error, torch)
+            if not is_oom:
+                raise
+            message = str(error).split("\n")[0]
+            result.update(oom_type=kind, error=message[:400],
+                          carries_cistern_message="cistern: out of memory" in message)
+        again = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+        result["next_allocation"] = "served"
+        a = torch.ones(1024, 1024, device="cuda")
+        product = float((a @ a).sum().item())
+        result["context"] = "usable" if product == 1024.0 ** 3 else "wrong result %r" % product
+        del held, again, a
+        memory.set_fraction(1.0)
+        memory.reset()
+        return result
+
+    handlers = {FRAGMENTATION: fragmentation, MEMPOOL: mempool, OOM_CHECK: oom_check}
     return worker.run(args.rows.split(","), lambda row: handlers.get(row, train)(row))
 
 
@@ -822,22 +873,22 @@ def cupy_worker(args):
         reset()
         set_cap(cap)
         rng = cupy.random.RandomState(seed=0)
+
+        def step(rows, cols):
+            a = rng.standard_normal((rows, cols), dtype=cupy.float32)
+            b = a @ a.T
+            return cupy.tanh(b / cols)  # a and b go when the step returns (or raises)
+
         kept, steps, first_oom = [], [], None
         with hook:
-            for rows_, cols in cupy_shapes(args.steps):
+            for rows, cols in cupy_shapes(args.steps):
                 started = time.perf_counter()
                 oom = None
                 try:
-                    a = rng.standard_normal((rows_, cols), dtype=cupy.float32)
-                    b = a @ a.T
-                    c = cupy.tanh(b / cols)
-                    kept.append(c)  # this step's result lives on for two more steps
-                    kept = kept[-2:]
-                    del a, b
+                    kept = (kept + [step(rows, cols)])[-2:]  # a result lives two more steps
                     cupy.cuda.Device().synchronize()
                 except cupy.cuda.memory.OutOfMemoryError as error:
                     oom = str(error)[:400]
-                    a = b = c = None
                     first_oom = first_oom or oom
                 steps.append({"ms": 1000.0 * (time.perf_counter() - started), "oom": bool(oom)})
         kept = None
@@ -958,10 +1009,19 @@ def orchestrate(args):
                     o.meta.update(cistern_oom_route=prepared[-1]["detail"],
                                   torch=prepared[-1]["torch"], gpu=prepared[-1]["gpu"],
                                   glue_build_s=round(prepared[-1]["seconds"], 1))
+                    if prepared[-1]["oom_route"] != "extension":
+                        env["CISTERN_TORCH_EXTENSION"] = "0"  # no worker tries the build again
+                        o.env = env
                 elif not args.no_prepare:
-                    o.meta["notes"].append("building cistern's PyTorch glue failed (%s): %s" % (
-                        killed or "exit %s" % code,
-                        _tail(os.path.join(args.out, "worker-torch-prepare.log"))))
+                    # A build killed half-way leaves torch.utils.cpp_extension's lock behind,
+                    # on which every later build would wait: the workers use the fallback route.
+                    env["CISTERN_TORCH_EXTENSION"] = "0"
+                    o.env = env
+                    o.meta["notes"].append(
+                        "building cistern's PyTorch glue failed (%s): %s; the cistern rows use "
+                        "the fallback route (CISTERN_TORCH_EXTENSION=0)" % (
+                            killed or "exit %s" % code,
+                            _tail(os.path.join(args.out, "worker-torch-prepare.log"))))
                 for allocator in _torch_allocators(env):
                     o.run_allocator("torch", allocator)
                     o.meta["base_peak"]["torch"] = base_peak(o.events(), "torch", "native")[0]

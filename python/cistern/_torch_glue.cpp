@@ -67,10 +67,13 @@ int attempt(std::size_t size, int device, void* stream, void** ptr, std::string*
 
 }  // namespace
 
+// Exported whatever visibility the build defaults to: Python finds these by name.
+#define CISTERN_GLUE_API __attribute__((visibility("default")))
+
 extern "C" {
 
 /// Binds the plug-in's `cistern_try_malloc` and `cistern_free`. Returns 0, or 1 for a NULL.
-int cistern_torch_bind(void* try_malloc, void* free_fn) {
+CISTERN_GLUE_API int cistern_torch_bind(void* try_malloc, void* free_fn) {
   if (try_malloc == nullptr || free_fn == nullptr) return 1;
   g_try_malloc = reinterpret_cast<TryMalloc>(try_malloc);
   g_free = reinterpret_cast<Free>(free_fn);
@@ -78,7 +81,7 @@ int cistern_torch_bind(void* try_malloc, void* free_fn) {
 }
 
 /// PyTorch's allocation function under enable(): never returns NULL for a size > 0.
-void* cistern_torch_malloc(std::size_t size, int device, void* stream) {
+CISTERN_GLUE_API void* cistern_torch_malloc(std::size_t size, int device, void* stream) {
   void* ptr = nullptr;
   std::string message;
   const int code = attempt(size, device, stream, &ptr, &message);
@@ -89,7 +92,7 @@ void* cistern_torch_malloc(std::size_t size, int device, void* stream) {
 
 /// PyTorch's allocation function for a MemPool: NULL on out of memory (PyTorch retries and then
 /// raises), a throw for any other failure (retrying would not help).
-void* cistern_torch_pool_malloc(std::size_t size, int device, void* stream) {
+CISTERN_GLUE_API void* cistern_torch_pool_malloc(std::size_t size, int device, void* stream) {
   void* ptr = nullptr;
   std::string message;
   const int code = attempt(size, device, stream, &ptr, &message);
@@ -104,12 +107,12 @@ void* cistern_torch_pool_malloc(std::size_t size, int device, void* stream) {
 }
 
 /// PyTorch's free function: the plug-in's free (which never throws).
-void cistern_torch_free(void* ptr, std::size_t size, int device, void* stream) {
+CISTERN_GLUE_API void cistern_torch_free(void* ptr, std::size_t size, int device, void* stream) {
   if (g_free != nullptr) g_free(ptr, size, device, stream);
 }
 
 /// Whether this build replaces PyTorch's out-of-memory message in the MemPool route.
-int cistern_torch_has_pool_observer(void) {
+CISTERN_GLUE_API int cistern_torch_has_pool_observer(void) {
 #ifdef CISTERN_TORCH_POOL_OBSERVER
   return 1;
 #else
@@ -123,7 +126,7 @@ int cistern_torch_has_pool_observer(void) {
 /// run after PyTorch has released its lock and updated its statistics, right before it throws its
 /// own). Returns 0, or 1 when PyTorch refuses (a pluggable allocator is current) or the build has
 /// no observer. Never throws (it is called through ctypes).
-int cistern_torch_attach_pool_observer(void) {
+CISTERN_GLUE_API int cistern_torch_attach_pool_observer(void) {
 #ifdef CISTERN_TORCH_POOL_OBSERVER
   try {
     c10::cuda::CUDACachingAllocator::attachOutOfMemoryObserver(

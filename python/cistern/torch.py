@@ -150,8 +150,9 @@ def _load_glue(torch):
                     break
                 except Exception as error:  # any failure to build means: the next build
                     failures.append("%s build: %s" % (build, _first_line(error)))
+            _glue_failure = "; ".join(failures)  # with a later build that worked: why not the first
             if not _glue:
-                _glue, _glue_failure = False, "; ".join(failures)
+                _glue = False
     return _glue or None
 
 
@@ -164,6 +165,8 @@ def _choose_route(torch):
         _route = "extension"
         _route_detail = ("out of memory raises torch.OutOfMemoryError with cistern's message "
                          "(cistern's PyTorch glue, %s build: %s)" % (glue.build, glue.path))
+        if _glue_failure:
+            _route_detail += "; not the first build: " + _glue_failure
         logger.info("cistern.torch: %s", _route_detail)
     else:
         _route = "fallback"

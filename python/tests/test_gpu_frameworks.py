@@ -46,10 +46,11 @@ class Plan(unittest.TestCase):
 
     def test_rows_run_fragmentation_first_then_uncapped_then_caps_loose_to_tight(self):
         self.assertEqual(gf.planned_rows("torch", "native"),
-                         ["fragmentation", "uncapped", "cap1.20", "cap1.05", "cap1.02", "cap1.01",
-                          "cap1.00", "mempool"])
+                         ["fragmentation", "oom", "uncapped", "cap1.20", "cap1.05", "cap1.02",
+                          "cap1.01", "cap1.00", "mempool"])
         self.assertEqual(gf.planned_rows("torch", "cistern")[-1], "cap1.00")
-        self.assertEqual(gf.planned_rows("cupy", "cupy"), gf.planned_rows("torch", "cistern"))
+        self.assertEqual(gf.planned_rows("cupy", "cupy"),
+                         [r for r in gf.planned_rows("torch", "cistern") if r != "oom"])
         self.assertEqual(gf.row_factor("cap1.02"), 1.02)
         self.assertIsNone(gf.row_factor("uncapped"))
         self.assertEqual([gf.row_factor(gf.cap_row(f)) for f in gf.CAP_FACTORS],
@@ -110,7 +111,8 @@ class RowsFile(unittest.TestCase):
         self.assertEqual(gf.row_in_progress(events, "torch", "native"), "cap1.20")
         self.assertIsNone(gf.row_in_progress(events, "torch", "cistern"))
         self.assertEqual(gf.remaining_rows("torch", "native", events),
-                         ["cap1.20", "cap1.05", "cap1.02", "cap1.01", "cap1.00", "mempool"])
+                         ["oom", "cap1.20", "cap1.05", "cap1.02", "cap1.01", "cap1.00",
+                          "mempool"])
         self.assertEqual(gf.base_peak(events, "torch", "cistern"),
                          (5 * GiB, "native uncapped peak allocated"))
         # Without a native figure, an allocator's caps follow its own uncapped run.
@@ -141,6 +143,12 @@ class RowsFile(unittest.TestCase):
                   ms=11.0, reserved_before=3000 * MiB, reserved_after=3036 * MiB),
             event("torch", "native", "mempool", oom_type="torch.OutOfMemoryError",
                   carries_cistern_message=True, next_allocation="served"),
+            event("torch", "cistern", "oom", label="cistern (defaults)",
+                  oom_type="torch.OutOfMemoryError", carries_cistern_message=True,
+                  next_allocation="served", context="usable",
+                  error="CUDA out of memory. cistern: out of memory on device 0: requested"),
+            event("torch", "expandable", "oom", label="native, expandable", status="crashed",
+                  detail="the worker died (exit 139)"),
         ]
         meta = {"gpu": "NVIDIA H200", "method": "one process per allocator",
                 "base_peak": {"torch": 4 * GiB}, "notes": ["a note"]}
@@ -159,6 +167,10 @@ class RowsFile(unittest.TestCase):
                       "Error: CUDA out of memory. Tried to allocate 1.50 GiB |", text)
         self.assertIn("| torch | native, expandable | served | 11.0 | 2.93 | 2.96 |  |", text)
         self.assertIn("- carries cistern message: True", text)
+        self.assertIn("| cistern (defaults) | torch.OutOfMemoryError | yes | served | usable | "
+                      "CUDA out of memory. cistern: out of memory on device 0: requested |", text)
+        self.assertIn("| native, expandable | crashed | - | - | - | the worker died (exit 139) |",
+                      text)
         self.assertIn("- note: a note", text)
         self.assertNotIn("CuPy", text)
         gf.write_report(self.folder.name, meta, events)
@@ -194,7 +206,7 @@ class OrchestratorWithAStandInWorker(unittest.TestCase):
         o = self.orchestrator({
             "torch/expandable/cap1.02": "hang",
             "torch/cistern/fragmentation": "crash",
-            "torch/cistern/uncapped": "crash",
+            "torch/cistern/oom": "crash",
             "torch/cistern-classic/cap1.05": "error",
         })
         started = time.monotonic()
@@ -223,11 +235,11 @@ class OrchestratorWithAStandInWorker(unittest.TestCase):
         self.assertEqual(results[("cistern", "fragmentation")]["status"], "crashed")
         self.assertIn("exit 139", results[("cistern", "fragmentation")]["detail"])
         self.assertIn("Segmentation fault", results[("cistern", "fragmentation")]["detail"])
-        self.assertEqual(results[("cistern", "uncapped")]["status"], "crashed")
-        for row in ("cap1.20", "cap1.05", "cap1.02", "cap1.01", "cap1.00"):
+        self.assertEqual(results[("cistern", "oom")]["status"], "crashed")
+        for row in ("uncapped", "cap1.20", "cap1.05", "cap1.02", "cap1.01", "cap1.00"):
             self.assertEqual(results[("cistern", row)]["status"], "skipped")
             self.assertIn("died twice in a row", results[("cistern", row)]["detail"])
-        self.assertEqual(results[("cistern", "uncapped")]["label"], "cistern (defaults)")
+        self.assertEqual(results[("cistern", "oom")]["label"], "cistern (defaults)")
         # cistern-classic: an error ends its row and its process; the next process goes on.
         error = results[("cistern-classic", "cap1.05")]
         self.assertEqual(error["status"], "error")
@@ -235,7 +247,7 @@ class OrchestratorWithAStandInWorker(unittest.TestCase):
         self.assertEqual(results[("cistern-classic", "cap1.02")]["status"], "ok")
         self.assertEqual(results[("cistern-classic", "cap1.00")]["label"], "cistern vmm:False")
         self.assertTrue(o.failed)
-        self.assertEqual(len(results), 8 + 3 * 7)
+        self.assertEqual(len(results), 9 + 3 * 8)
         self.assertLess(time.monotonic() - started, 40)
         o.report()
         with open(os.path.join(self.folder.name, "frameworks.md")) as f:

@@ -1,14 +1,18 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
 // cistern's PyTorch glue (python/cistern/_torch_glue.cpp), compiled against a stand-in of the c10
-// declarations it uses (torch_stand_in/), bound to the plug-in on the simulated backend (1 GiB):
+// declarations it uses (torch_stand_in/) - and, as test_torch_glue_c10, against a real c10 where
+// the system has one (without the CUDA observer) - bound to the plug-in on the simulated backend
+// (1 GiB):
 // under enable() an allocation cistern cannot serve throws c10::OutOfMemoryError (Python:
 // torch.OutOfMemoryError) whose message is PyTorch's opening words and cistern's message, any
 // other failure throws c10::Error (Python: RuntimeError), and neither leaves anything behind; in
 // the MemPool route out of memory is a NULL that PyTorch's allocator retries, and the observer
 // turns PyTorch's final out-of-memory into cistern's message.
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
+#ifdef CISTERN_TORCH_POOL_OBSERVER
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 #include <gtest/gtest.h>
 #include <stdlib.h>  // setenv, unsetenv
 
@@ -32,7 +36,6 @@ int cistern_torch_attach_pool_observer(void);
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-namespace torch_alloc = c10::cuda::CUDACachingAllocator;
 
 std::int64_t stat(const char* key, int device = 0) {
   std::string text(cistern_memory_stats_json(device, nullptr, 0), '\0');
@@ -147,6 +150,18 @@ TEST_F(TorchGlue, OtherFailuresAreErrorsThatAreNotOutOfMemory) {
   EXPECT_NE(message.find("no_such_option"), std::string::npos) << message;
 }
 
+TEST_F(TorchGlue, MemPoolRouteReturnsNullWithoutThrowing) {
+  EXPECT_EQ(cistern_torch_pool_malloc(2048 * kMiB, 0, nullptr), nullptr);
+  EXPECT_EQ(cistern_last_error_code(), CISTERN_ERROR_OUT_OF_MEMORY);
+  void* p = cistern_torch_pool_malloc(kMiB, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  cistern_torch_free(p, kMiB, 0, nullptr);
+  EXPECT_EQ(cistern_check(0), CISTERN_OK);
+}
+
+#ifdef CISTERN_TORCH_POOL_OBSERVER
+namespace torch_alloc = c10::cuda::CUDACachingAllocator;
+
 TEST_F(TorchGlue, MemPoolRouteReturnsNullAndTheObserverRaisesCisternsMessage) {
   ASSERT_EQ(cistern_torch_has_pool_observer(), 1);
   torch_alloc::stand_in_observers().clear();
@@ -204,5 +219,11 @@ TEST_F(TorchGlue, MemPoolRefusalsArePerThread) {
   EXPECT_THROW(observer(0, 2048 * kMiB, 1 << 30, 1 << 30), c10::OutOfMemoryError);
   torch_alloc::stand_in_observers().clear();
 }
+#else
+TEST_F(TorchGlue, WithoutTheObserverBuildTheMemPoolKeepsPyTorchsMessage) {
+  EXPECT_EQ(cistern_torch_has_pool_observer(), 0);
+  EXPECT_EQ(cistern_torch_attach_pool_observer(), 1);
+}
+#endif
 
 }  // namespace
