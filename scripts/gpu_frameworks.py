@@ -31,8 +31,9 @@ pool's uncapped peak of used bytes (MemoryPool.set_limit; cistern.cupy.set_memor
 out of memory caught as cupy.cuda.memory.OutOfMemoryError; and the fragmentation case.
 
 Robustness: every process is watched; a row that runs past its timeout is killed, a process
-that dies marks the row it was in as crashed, and the rows left run in a new process (an
-allocator whose process dies twice in a row without finishing a row is given up). Every row is
+that dies marks the row it was in as crashed, a row that raises an unexpected error ends its
+process (the device may be unusable), and the rows left run in a new process (an allocator
+whose processes end twice in a row without running a row to the end is given up). Every row is
 appended to DIR/rows.jsonl as soon as it ends, and DIR/frameworks.json and DIR/frameworks.md
 are rewritten after every process, so that a partial run still reports. The whole check keeps
 to --budget-s (rows that would start later are reported as skipped).
@@ -270,6 +271,14 @@ def training_table(results, framework, allocators, title):
     return lines
 
 
+def _rows_named(results, row):
+    """The results of `row`, PyTorch's before CuPy's, each in the order its allocators run."""
+    order = [("torch", a) for a in TORCH_ALLOCATORS] + [("cupy", a) for a in CUPY_ALLOCATORS]
+    found = [(key, r) for key, r in results.items() if key[2] == row]
+    return sorted(found, key=lambda item: (order.index(item[0][:2])
+                                           if item[0][:2] in order else len(order), item[0]))
+
+
 def fragmentation_table(results):
     lines = ["### Fragmentation: %d MiB cached, %d x %d MiB allocated, every other one freed, "
              "then %d MiB, under a %d GiB cap" % (FRAG_PRIME // MiB, FRAG_PIECES, FRAG_PIECE // MiB,
@@ -277,9 +286,7 @@ def fragmentation_table(results):
              "| framework | allocator | 1.5 GiB request | ms | reserved before GiB | "
              "reserved after GiB | error |",
              "|---|---|---|---:|---:|---:|---|"]
-    for (framework, allocator, row), r in sorted(results.items()):
-        if row != FRAGMENTATION:
-            continue
+    for (framework, allocator, row), r in _rows_named(results, FRAGMENTATION):
         if r.get("status") != "ok":
             lines.append("| %s | %s | %s | - | - | - | %s |" % (
                 framework, r.get("label", allocator), r.get("status"),
@@ -298,9 +305,7 @@ def oom_table(results):
                  256, OOM_CHECK_CAP // GiB, 256), "",
              "| allocator | raised | cistern's message | next allocation | CUDA context | "
              "message |", "|---|---|---|---|---|---|"]
-    for (framework, allocator, row), r in sorted(results.items()):
-        if framework != "torch" or row != OOM_CHECK:
-            continue
+    for (framework, allocator, row), r in _rows_named(results, OOM_CHECK):
         if r.get("status") != "ok":
             lines.append("| %s | %s | - | - | - | %s |" % (
                 r.get("label", allocator), r.get("status"), _cell(r.get("detail", ""))[:200]))
@@ -313,16 +318,18 @@ def oom_table(results):
 
 
 def summary_table(results, framework, allocators):
-    lines = ["| allocator | tightest cap with 0 OOM steps | uncapped median step ms |",
-             "|---|---:|---:|"]
+    lines = ["| allocator | tightest cap with 0 OOM steps | uncapped median step ms | uncapped "
+             "final loss |", "|---|---:|---:|---:|"]
     for allocator in allocators:
         r = results.get((framework, allocator, UNCAPPED), {})
         if not any(f == framework and a == allocator for (f, a, _) in results):
             continue
         tight = tightest_clean_cap(results, framework, allocator)
-        lines.append("| %s | %s | %s |" % (r.get("label", allocator),
-                                           "none" if tight is None else "%.2fx" % tight,
-                                           _ms(r.get("median_ms"))))
+        loss = r.get("last_loss")
+        lines.append("| %s | %s | %s | %s |" % (r.get("label", allocator),
+                                                "none" if tight is None else "%.2fx" % tight,
+                                                _ms(r.get("median_ms")),
+                                                "-" if loss is None else "%.4f" % loss))
     return lines
 
 
@@ -467,15 +474,15 @@ class Orchestrator:
         return process.returncode, killed
 
     def finished(self, framework, allocator, events):
-        """Rows of an allocator that its workers ended themselves (ok or error)."""
+        """Rows of an allocator that ran to the end."""
         return sum(1 for (f, a, _), r in row_results(events).items()
-                   if f == framework and a == allocator and r.get("status") in ("ok", "error"))
+                   if f == framework and a == allocator and r.get("status") == "ok")
 
     def run_allocator(self, framework, allocator):
         """Runs an allocator's rows, in as many processes as crashes make necessary."""
         env, label = _allocator_env(framework, allocator, self.env)
         log_path = os.path.join(self.out, "worker-%s-%s.log" % (framework, allocator))
-        deaths = 0  # workers in a row that died without ending a row themselves
+        deaths = 0  # workers in a row that ended (died, hung, or hit an error) with no row done
         while True:
             events = self.events()
             rows = remaining_rows(framework, allocator, events)
@@ -513,8 +520,8 @@ class Orchestrator:
                 deaths + 1
             if deaths >= 2:
                 self.skip(framework, allocator, label,
-                          "the worker died twice in a row without ending a row (last exit %s: "
-                          "%s)" % (code, _tail(log_path)))
+                          "two workers in a row ended without running a row to the end (last "
+                          "exit %s: %s)" % (code, _tail(log_path)))
                 return
             self.report()
 

@@ -130,7 +130,8 @@ class RowsFile(unittest.TestCase):
                   cap=gf.cap_bytes(4 * GiB, 1.02), peak_reserved=int(4.08 * GiB),
                   peak_allocated=4 * GiB, median_ms=33.0, oom_type="torch.OutOfMemoryError"),
             event("torch", "cistern", "uncapped", label="cistern (defaults)", steps=28, ooms=0,
-                  peak_reserved=int(4.1 * GiB), peak_allocated=4 * GiB, median_ms=31.5),
+                  peak_reserved=int(4.1 * GiB), peak_allocated=4 * GiB, median_ms=31.5,
+                  last_loss=7.25),
             event("torch", "cistern", "cap1.02", label="cistern (defaults)", steps=28, ooms=0,
                   cap=gf.cap_bytes(4 * GiB, 1.02), peak_reserved=int(4.07 * GiB),
                   peak_allocated=4 * GiB, median_ms=32.0),
@@ -161,8 +162,8 @@ class RowsFile(unittest.TestCase):
                       "| ok |", text)
         self.assertIn("| cistern (defaults) | 1.00x | - | - | - | - | - | - | crashed: the worker "
                       "died (exit -11): Segmentation / fault |", text)
-        self.assertIn("| cistern (defaults) | 1.02x | 31.5 |", text)  # tightest clean cap
-        self.assertIn("| native | none | 30.0 |", text)
+        self.assertIn("| cistern (defaults) | 1.02x | 31.5 | 7.2500 |", text)  # tightest clean
+        self.assertIn("| native | none | 30.0 | - |", text)
         self.assertIn("| torch | native | out of memory | 2.5 | 2.93 | 2.93 | torch.OutOfMemory"
                       "Error: CUDA out of memory. Tried to allocate 1.50 GiB |", text)
         self.assertIn("| torch | native, expandable | served | 11.0 | 2.93 | 2.96 |  |", text)
@@ -205,7 +206,7 @@ class OrchestratorWithAStandInWorker(unittest.TestCase):
     def test_every_row_ends_and_is_reported_whatever_the_workers_do(self):
         o = self.orchestrator({
             "torch/expandable/cap1.02": "hang",
-            "torch/cistern/fragmentation": "crash",
+            "torch/cistern/fragmentation": "error",
             "torch/cistern/oom": "crash",
             "torch/cistern-classic/cap1.05": "error",
         })
@@ -231,14 +232,16 @@ class OrchestratorWithAStandInWorker(unittest.TestCase):
         after = [results[("expandable", r)] for r in ("cap1.01", "cap1.00")]
         self.assertEqual([r["status"] for r in after], ["ok", "ok"])
         self.assertNotEqual(after[0]["pid"], capped["pid"])
-        # cistern: two deaths in a row without a row ended: the rest is given up, and said so.
-        self.assertEqual(results[("cistern", "fragmentation")]["status"], "crashed")
-        self.assertIn("exit 139", results[("cistern", "fragmentation")]["detail"])
-        self.assertIn("Segmentation fault", results[("cistern", "fragmentation")]["detail"])
+        # cistern: an error, then a crash, each in the first row of its process: the rest is
+        # given up, and said so.
+        self.assertEqual(results[("cistern", "fragmentation")]["status"], "error")
         self.assertEqual(results[("cistern", "oom")]["status"], "crashed")
+        self.assertIn("exit 139", results[("cistern", "oom")]["detail"])
+        self.assertIn("Segmentation fault", results[("cistern", "oom")]["detail"])
         for row in ("uncapped", "cap1.20", "cap1.05", "cap1.02", "cap1.01", "cap1.00"):
             self.assertEqual(results[("cistern", row)]["status"], "skipped")
-            self.assertIn("died twice in a row", results[("cistern", row)]["detail"])
+            self.assertIn("two workers in a row ended without running a row to the end",
+                          results[("cistern", row)]["detail"])
         self.assertEqual(results[("cistern", "oom")]["label"], "cistern (defaults)")
         # cistern-classic: an error ends its row and its process; the next process goes on.
         error = results[("cistern-classic", "cap1.05")]
