@@ -21,7 +21,9 @@
 #     the page engine and without it, cudaMalloc, cudaMallocAsync (pool, release threshold
 #     unlimited), CUB's CachingDeviceAllocator and PyTorch's allocator (through bench/torch_shim,
 #     built against the installed PyTorch), in one process;
-#  7. scripts/gpu-plugins.sh when it exists (the framework plug-ins).
+#  7. scripts/gpu_frameworks.py: PyTorch and CuPy through their allocators and cistern's,
+#     uncapped and under caps, variable-shape training, the fragmentation case (OUT/frameworks/);
+#  8. scripts/gpu-plugins.sh when it exists (the framework plug-ins).
 # Writes OUT/summary.md (the markdown summary), OUT/*.json (results), OUT/*.md (tables),
 # OUT/gpu-check.log (all output) and OUT/ctest-gpu.xml (JUnit). Traces come from
 # $CISTERN_SHARED_DIR/traces (default ../shared/traces next to the repository).
@@ -91,6 +93,7 @@ write_summary() {
     if [[ -f "$out/bench_vmm.md" ]]; then echo; cat "$out/bench_vmm.md"; fi
     if [[ -f "$out/replay-summary.md" ]]; then echo; cat "$out/replay-summary.md"; fi
     if [[ -f "$out/bench_gpu.md" ]]; then echo; cat "$out/bench_gpu.md"; fi
+    if [[ -f "$out/frameworks/frameworks.md" ]]; then echo; cat "$out/frameworks/frameworks.md"; fi
     echo
     echo "Raw results in $out: $(find "$out" -maxdepth 1 \( -name '*.json' -o -name '*.xml' \) \
       -printf '%f ' | sort)"
@@ -147,7 +150,7 @@ if ! cmake --build "$build" --target help 2>/dev/null | grep -q "bench_gpu"; the
   skip "the CUDA parts: CMake did not enable the CUDA backends and nvcc (see the configure output)"
   finish
 fi
-targets=(cistern_cli test_cuda_device test_cuda_gpu bench_gpu bench_vmm two_streams)
+targets=(cistern_cli test_cuda_device test_cuda_gpu bench_gpu bench_vmm two_streams cistern_plugin)
 limit 360 "the build"
 ((t > 0)) || finish
 if timeout "$t" cmake --build "$build" --parallel "$jobs" --target "${targets[@]}"; then
@@ -172,6 +175,7 @@ if [[ -z "$gpu_name" ]]; then
   skip "replays on the GPU: no GPU on this machine"
   skip "bench_gpu: no GPU on this machine"
   skip "bench_vmm: no GPU on this machine"
+  skip "gpu_frameworks: no GPU on this machine"
   skip "gpu-plugins: no GPU on this machine"
   # The built programs must agree that there is no device, and say so clearly.
   "$build/bench/bench_gpu" --out "$out/no-gpu" --smoke >/dev/null
@@ -335,7 +339,23 @@ if ((t > 0)); then
   fi
 fi
 
-# --- 7. the framework plug-ins ------------------------------------------------------------------
+# --- 7. the framework check ---------------------------------------------------------------------
+step "scripts/gpu_frameworks.py (PyTorch and CuPy under caps, the fragmentation case)"
+limit 200 "the framework check"
+if ((t > 0)); then
+  plugin_lib="$build/src/plugin/libcistern_plugin.so"
+  timeout "$t" cmake --build "$build" --target cistern_plugin >/dev/null ||
+    echo "gpu-check: note: cistern_plugin did not build; the cistern rows will say so"
+  timeout "$t" "$python" scripts/gpu_frameworks.py --out "$out/frameworks" \
+    --budget-s "$((t - 10))" --plugin "$plugin_lib"
+  case $? in
+    0) pass "gpu_frameworks (every row ran; $out/frameworks/frameworks.md)" ;;
+    77) skip "gpu_frameworks: neither PyTorch with a GPU nor CuPy" ;;
+    *) fail "gpu_frameworks (rows crashed or failed: $out/frameworks/frameworks.md)" ;;
+  esac
+fi
+
+# --- 8. the framework plug-ins ------------------------------------------------------------------
 if [[ -x scripts/gpu-plugins.sh ]]; then
   step "scripts/gpu-plugins.sh"
   limit 240 "gpu-plugins"

@@ -17,8 +17,12 @@
  *            CISTERN_SIM_CAPACITY (e.g. "8GiB"; default 80 GiB). Its addresses are not memory:
  *            never use it under a framework that touches the memory.
  *
- * Nothing throws across this ABI. Out of memory makes `cistern_malloc` return NULL (so that the
- * framework raises its own out-of-memory error) and records cistern's detailed message.
+ * Nothing throws across this ABI, with one exception made for PyTorch: `cistern_malloc_or_throw`
+ * (see there). Out of memory makes `cistern_malloc` return NULL and records cistern's detailed
+ * message; `cistern_try_malloc` returns the error code and that message to its caller, so that
+ * framework glue can raise the framework's own out-of-memory error (cistern.torch, cistern.cupy).
+ * A NULL handed to a framework that does not check it (PyTorch's CUDAPluggableAllocator under
+ * `change_current_allocator`) crashes it later: use `cistern_malloc_or_throw` or glue there.
  * Misuse - freeing a pointer that is not allocated (unknown pointer, double free), a size or
  * device that does not match the allocation - leaves the allocator exactly as it was, is
  * recorded as the last error, counted, and printed to stderr the first time only. Configuration
@@ -63,6 +67,12 @@ enum cistern_error {
   CISTERN_ERROR_INTERNAL = 7          /**< anything else: a bug in cistern */
 };
 
+/** How the message of an out-of-memory error raised inside a framework begins: PyTorch's own
+ *  words, so that code matching them (`"CUDA out of memory" in str(error)`) keeps working. The
+ *  rest is cistern's message: what was requested, what the device has free, what cistern has
+ *  allocated, reserved and cached, and its limit when one is set. */
+#define CISTERN_FRAMEWORK_OOM_PREFIX "CUDA out of memory. "
+
 /* --- PyTorch's CUDAPluggableAllocator signatures ---------------------------------------------- */
 
 /** Allocates `size` bytes on `device` for use on `stream`. NULL for size 0 and on any failure
@@ -71,6 +81,22 @@ enum cistern_error {
  *  (CISTERN_ERROR_INVALID_ARGUMENT, counted, nothing done) here, in `cistern_free` and in
  *  `cistern_record_stream` alike; on CUDA the handle is taken as the cudaStream_t it is. */
 CISTERN_PLUGIN_API void* cistern_malloc(size_t size, int device, cistern_stream_t stream);
+/** `cistern_malloc` that says how it went: returns CISTERN_OK with the memory in `*ptr` (NULL for
+ *  size 0), or the error code with `*ptr` = NULL and this failure's message copied into `message`
+ *  like `cistern_memory_stats_json` does (`message` may be NULL). The message is this call's own,
+ *  whatever other threads do meanwhile; it is also recorded as the last error. `ptr` NULL:
+ *  CISTERN_ERROR_INVALID_ARGUMENT, nothing allocated. For framework glue that raises the
+ *  framework's error (cistern.cupy; cistern.torch's extension). */
+CISTERN_PLUGIN_API int cistern_try_malloc(size_t size, int device, cistern_stream_t stream,
+                                          void** ptr, char* message, size_t capacity);
+/** C++ only, for PyTorch's CUDAPluggableAllocator: `cistern_malloc`, except that a failure throws
+ *  instead of returning NULL (PyTorch does not check the pointer). Out of memory throws
+ *  `std::runtime_error` whose message is CISTERN_FRAMEWORK_OOM_PREFIX followed by cistern's
+ *  message; any other failure throws `std::runtime_error` with cistern's message. PyTorch turns
+ *  both into a Python `RuntimeError` (not `torch.OutOfMemoryError`: that needs PyTorch's own C++
+ *  type, which cistern.torch's extension throws; this is its fallback). The allocator is left as
+ *  it was. Size 0 returns NULL without throwing. Never call it from C. */
+CISTERN_PLUGIN_API void* cistern_malloc_or_throw(size_t size, int device, cistern_stream_t stream);
 /** Frees `ptr`, ordered on `stream`. `size` and `device` must be those of the allocation (as
  *  PyTorch passes them); otherwise nothing is freed and the misuse is recorded. NULL: no-op. */
 CISTERN_PLUGIN_API void cistern_free(void* ptr, size_t size, int device, cistern_stream_t stream);
@@ -104,6 +130,11 @@ CISTERN_PLUGIN_API int cistern_reset_accumulated_stats(int device);
 /** Starts (non-zero) or stops recording the event history of every device, present and future,
  *  keeping up to `max_entries` events per device (0: one million). Returns an error code. */
 CISTERN_PLUGIN_API int cistern_record_history(int enabled, size_t max_entries);
+/** Runs the invariant checker of `device`'s allocator (every block, pool and counter). Returns
+ *  CISTERN_OK (also for a device not yet used: nothing to check), CISTERN_ERROR_INVALID_ARGUMENT
+ *  for an ordinal out of range, or CISTERN_ERROR_INTERNAL with the broken invariant as the last
+ *  error (a bug in cistern). */
+CISTERN_PLUGIN_API int cistern_check(int device);
 /** Writes every device's segments, blocks and recorded history to `path` as a PyTorch memory
  *  snapshot pickle (what `torch.cuda.memory._dump_snapshot` writes). Returns an error code:
  *  CISTERN_ERROR_INVALID_ARGUMENT when the file cannot be written, the last error naming the

@@ -23,7 +23,7 @@ __all__ = [
     "CisternError", "load", "library_path", "backend", "version", "memory_stats",
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "empty_cache",
     "record_history", "write_snapshot", "snapshot", "last_error", "last_error_code",
-    "misuse_count", "clear_error",
+    "misuse_count", "clear_error", "set_memory_fraction", "check",
 ]
 
 __version__ = "0.1.0"
@@ -65,6 +65,24 @@ def reset_peak_memory_stats(device=0):
 def reset_accumulated_memory_stats(device=0):
     """Zeroes the running sums and num_* counters of `device`."""
     _check(load().cistern_reset_accumulated_stats(device))
+
+
+def set_memory_fraction(fraction, device=0):
+    """Limits `device` to `fraction` (0, 1] of its memory, as
+    torch.cuda.set_per_process_memory_fraction does (raises CisternError outside that range)."""
+    fraction = float(fraction)
+    if not 0.0 < fraction <= 1.0:
+        raise CisternError(4, "cistern: memory fraction %r is not in (0, 1]" % fraction)
+    lib = load()
+    lib.cistern_clear_error()
+    lib.cistern_set_memory_fraction(fraction, device)
+    _check(last_error_code())
+
+
+def check(device=0):
+    """Runs the invariant checker of `device`'s allocator; raises CisternError if one is broken
+    (a bug in cistern) or the device is out of range."""
+    _check(load().cistern_check(device))
 
 
 def empty_cache():

@@ -20,6 +20,10 @@ class CisternError(RuntimeError):
         self.code = code
 
 
+OK = 0
+OUT_OF_MEMORY = 1
+INVALID_ARGUMENT = 4
+
 ERROR_NAMES = {
     0: "ok",
     1: "out_of_memory",
@@ -53,6 +57,8 @@ def _declare(lib):
     signatures = {
         "cistern_malloc": (c.c_void_p, [c.c_size_t, c.c_int, c.c_void_p]),
         "cistern_free": (None, [c.c_void_p, c.c_size_t, c.c_int, c.c_void_p]),
+        "cistern_try_malloc": (c.c_int, [c.c_size_t, c.c_int, c.c_void_p, c.POINTER(c.c_void_p),
+                                         c.c_char_p, c.c_size_t]),
         "cistern_init": (None, [c.c_int]),
         "cistern_empty_cache": (None, []),
         "cistern_set_memory_fraction": (None, [c.c_double, c.c_int]),
@@ -63,6 +69,7 @@ def _declare(lib):
         "cistern_reset_accumulated_stats": (c.c_int, [c.c_int]),
         "cistern_record_history": (c.c_int, [c.c_int, c.c_size_t]),
         "cistern_write_snapshot": (c.c_int, [c.c_char_p]),
+        "cistern_check": (c.c_int, [c.c_int]),
         "cistern_last_error_code": (c.c_int, []),
         "cistern_last_error": (c.c_size_t, [c.c_char_p, c.c_size_t]),
         "cistern_misuse_count": (c.c_uint64, []),
@@ -109,6 +116,15 @@ def path():
     """The path of the loaded library (loading it if needed)."""
     load()
     return _path
+
+
+def try_malloc(size, device, stream):
+    """`cistern_try_malloc`: (code, pointer or None, this call's message)."""
+    ptr = ctypes.c_void_p()
+    message = ctypes.create_string_buffer(4096)
+    code = load().cistern_try_malloc(size, device, stream, ctypes.byref(ptr), message,
+                                     len(message))
+    return code, ptr.value, message.value.decode("utf-8", "replace")
 
 
 def text(function, *args):

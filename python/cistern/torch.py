@@ -12,18 +12,58 @@ or, for a region only (PyTorch >= 2.5, Unix):
 `enable()` must run before PyTorch allocates any CUDA memory (PyTorch refuses to swap an
 allocator that is in use). torch.cuda.memory_stats() and memory._snapshot() do not work with a
 pluggable allocator; use cistern.torch.memory_stats() and snapshot() instead.
+
+Out of memory. PyTorch's pluggable allocator does not check the pointer its allocation function
+returns, so cistern must raise instead. At first use cistern.torch compiles a small C++ glue
+(_torch_glue.cpp, next to this file) against the installed PyTorch with
+torch.utils.cpp_extension and caches it (in $CISTERN_TORCH_EXTENSION_DIR, else
+~/.cache/cistern/torch-glue): an allocation cistern cannot serve then raises
+`torch.OutOfMemoryError` whose message begins "CUDA out of memory." and goes on with cistern's
+figures (requested, free, allocated, reserved, cached, the limit). Where the glue cannot be
+built (no compiler, no ninja, no PyTorch headers; or CISTERN_TORCH_EXTENSION=0), the plug-in's
+own `cistern_malloc_or_throw` raises `RuntimeError` with the same message instead; code that
+catches `torch.OutOfMemoryError` does not see it, and PyTorch's internal recoveries from out of
+memory (cuDNN trying an algorithm with a smaller workspace) do not happen. `oom_route()` says
+which is active, and a log line of the "cistern.torch" logger says so when it is chosen.
+In the MemPool route PyTorch's own caching allocator sits above cistern: it gives its cached
+blocks back and retries before it raises `torch.OutOfMemoryError`; the glue then puts cistern's
+message in place of PyTorch's (without the glue the message is PyTorch's, and cistern's is in
+cistern.last_error()).
 """
 import contextlib
 import ctypes
+import hashlib
+import logging
+import os
+import re
 
 import cistern
 from cistern._library import load, path as library_path
 
-__all__ = ["enable", "is_enabled", "allocator", "mem_pool", "memory_stats", "snapshot",
-           "write_snapshot", "empty_cache"]
+__all__ = ["enable", "is_enabled", "allocator", "pool_allocator", "mem_pool", "oom_route",
+           "oom_route_detail", "memory_stats", "snapshot", "write_snapshot", "empty_cache"]
+
+logger = logging.getLogger("cistern.torch")
+
+GLUE_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_glue.cpp")
+
+# The glue's builds, best first: with the MemPool out-of-memory observer (needs the CUDA headers
+# that c10/cuda includes), then without it.
+_GLUE_BUILDS = (("pool", True, ["-DCISTERN_TORCH_POOL_OBSERVER"]), ("plain", False, []))
 
 _allocator = None
+_pool_allocator = None
 _enabled = False
+_glue = None          # a _Glue once built, False when it cannot be
+_glue_failure = ""    # why it could not be built
+_route = None         # "extension" or "fallback" once chosen
+_route_detail = ""
+_pool_observer = None  # whether cistern's message replaces PyTorch's in the MemPool route
+
+
+class _Glue:
+    def __init__(self, lib, path, build):
+        self.lib, self.path, self.build = lib, path, build
 
 
 def _torch():
@@ -43,24 +83,177 @@ def _hook(name):
     return ctypes.cast(getattr(load(), name), ctypes.c_void_p).value
 
 
+def _cache_root():
+    configured = os.environ.get("CISTERN_TORCH_EXTENSION_DIR")
+    if configured:
+        return configured
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "cistern", "torch-glue")
+
+
+def glue_directory(torch_version, build, cflags, source=GLUE_SOURCE):
+    """Where a build of the glue is cached: one folder per PyTorch version, build and source, so
+    that a new PyTorch or a changed source gets a build of its own."""
+    with open(source, "rb") as f:
+        digest = hashlib.sha256(f.read() + repr((build, cflags)).encode()).hexdigest()[:16]
+    version = re.sub(r"[^A-Za-z0-9.+_-]", "_", str(torch_version))
+    return os.path.join(_cache_root(), "%s-%s-%s" % (version, build, digest))
+
+
+def _first_line(error):
+    text = str(error).strip() or type(error).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # A compiler's output: its first "error:" line says the most.
+    for line in lines:
+        if re.search(r"\berror:", line):
+            return line[:300]
+    return lines[0][:300]
+
+
+def _compile(torch, build, with_cuda, cflags):
+    from torch.utils import cpp_extension
+    directory = glue_directory(torch.__version__, build, cflags)
+    os.makedirs(directory, exist_ok=True)
+    name = "cistern_torch_glue_" + build
+    logger.info("cistern.torch: building cistern's PyTorch glue (%s) in %s", build, directory)
+    result = cpp_extension.load(name=name, sources=[GLUE_SOURCE], extra_cflags=["-O2"] + cflags,
+                                build_directory=directory, with_cuda=with_cuda,
+                                is_python_module=False, verbose=False)
+    # Newer PyTorch returns the library's path; older ones return None.
+    return result if isinstance(result, str) else os.path.join(directory, name + ".so")
+
+
+def _bind(path, build):
+    lib = ctypes.CDLL(path)
+    lib.cistern_torch_bind.restype = ctypes.c_int
+    lib.cistern_torch_bind.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cistern_torch_attach_pool_observer.restype = ctypes.c_int
+    lib.cistern_torch_has_pool_observer.restype = ctypes.c_int
+    if lib.cistern_torch_bind(_hook("cistern_try_malloc"), _hook("cistern_free")) != 0:
+        raise RuntimeError("cistern_torch_bind refused the plug-in's functions")
+    return _Glue(lib, path, build)
+
+
+def _load_glue(torch):
+    """The glue, built (or found in the cache) and bound to the plug-in; None when it cannot be
+    built, with the reason in _glue_failure."""
+    global _glue, _glue_failure
+    if _glue is None:
+        if os.environ.get("CISTERN_TORCH_EXTENSION", "1").lower() in ("0", "false", "off", "no"):
+            _glue, _glue_failure = False, "CISTERN_TORCH_EXTENSION=%s" % (
+                os.environ["CISTERN_TORCH_EXTENSION"])
+        else:
+            failures = []
+            for build, with_cuda, cflags in _GLUE_BUILDS:
+                try:
+                    _glue = _bind(_compile(torch, build, with_cuda, cflags), build)
+                    break
+                except Exception as error:  # any failure to build means: the next build
+                    failures.append("%s build: %s" % (build, _first_line(error)))
+            _glue_failure = "; ".join(failures)  # with a later build that worked: why not the first
+            if not _glue:
+                _glue = False
+    return _glue or None
+
+
+def _choose_route(torch):
+    global _route, _route_detail
+    if _route is not None:
+        return
+    glue = _load_glue(torch)
+    if glue:
+        _route = "extension"
+        _route_detail = ("out of memory raises torch.OutOfMemoryError with cistern's message "
+                         "(cistern's PyTorch glue, %s build: %s)" % (glue.build, glue.path))
+        if _glue_failure:
+            _route_detail += "; not the first build: " + _glue_failure
+        logger.info("cistern.torch: %s", _route_detail)
+    else:
+        _route = "fallback"
+        _route_detail = ("out of memory raises RuntimeError('CUDA out of memory. ...') from the "
+                         "plug-in, not torch.OutOfMemoryError: cistern's PyTorch glue could not "
+                         "be built (%s)" % _glue_failure)
+        logger.warning("cistern.torch: %s", _route_detail)
+
+
+def oom_route():
+    """How an allocation cistern cannot serve reaches the program under enable(): "extension"
+    (torch.OutOfMemoryError with cistern's message, raised by cistern's PyTorch glue),
+    "fallback" (RuntimeError with the same message, raised by the plug-in, when the glue cannot
+    be built), or None before enable(), allocator() or mem_pool() chose one."""
+    return _route
+
+
+def oom_route_detail():
+    """oom_route() in words, with the glue's path or why it could not be built."""
+    return _route_detail
+
+
+def _pluggable(torch, path, malloc_name, free_name):
+    pluggable = torch.cuda.memory.CUDAPluggableAllocator(path, malloc_name, free_name)
+    raw = pluggable.allocator()
+    hooks = [("set_init_fn", "cistern_init"), ("set_reset_fn", "cistern_empty_cache"),
+             ("set_memory_fraction_fn", "cistern_set_memory_fraction"),
+             ("set_record_stream_fn", "cistern_record_stream"),
+             ("set_base_alloc_fn", "cistern_base_allocation")]
+    for method, function in hooks:
+        if hasattr(raw, method):  # older PyTorch versions lack some
+            getattr(raw, method)(_hook(function))
+    return pluggable
+
+
 def allocator():
-    """The CUDAPluggableAllocator over libcistern_plugin.so, with every optional hook set
-    (init, empty_cache, memory fraction, record_stream, base allocation). Made once."""
+    """The CUDAPluggableAllocator that enable() installs: allocation through cistern's PyTorch
+    glue (or, without it, the plug-in's cistern_malloc_or_throw), never a NULL for PyTorch to
+    hand on; every optional hook set (init, empty_cache, memory fraction, record_stream, base
+    allocation). Made once."""
     global _allocator
     if _allocator is None:
         torch = _torch()
-        pluggable = torch.cuda.memory.CUDAPluggableAllocator(
-            library_path(), "cistern_malloc", "cistern_free")
-        raw = pluggable.allocator()
-        hooks = [("set_init_fn", "cistern_init"), ("set_reset_fn", "cistern_empty_cache"),
-                 ("set_memory_fraction_fn", "cistern_set_memory_fraction"),
-                 ("set_record_stream_fn", "cistern_record_stream"),
-                 ("set_base_alloc_fn", "cistern_base_allocation")]
-        for method, function in hooks:
-            if hasattr(raw, method):  # older PyTorch versions lack some
-                getattr(raw, method)(_hook(function))
-        _allocator = pluggable
+        _choose_route(torch)
+        if _glue:
+            _allocator = _pluggable(torch, _glue.path, "cistern_torch_malloc",
+                                    "cistern_torch_free")
+        else:
+            _allocator = _pluggable(torch, library_path(), "cistern_malloc_or_throw",
+                                    "cistern_free")
     return _allocator
+
+
+def pool_allocator():
+    """The CUDAPluggableAllocator that mem_pool() gives its MemPool: out of memory is a NULL
+    there, which PyTorch's caching allocator above it checks (see the module's comment)."""
+    global _pool_allocator
+    if _pool_allocator is None:
+        torch = _torch()
+        _choose_route(torch)
+        if _glue:
+            _pool_allocator = _pluggable(torch, _glue.path, "cistern_torch_pool_malloc",
+                                         "cistern_torch_free")
+        else:
+            _pool_allocator = _pluggable(torch, library_path(), "cistern_malloc", "cistern_free")
+    return _pool_allocator
+
+
+def _attach_pool_observer(torch):
+    """Once: the glue's observer on PyTorch's caching allocator, so that an out of memory in the
+    MemPool route carries cistern's message."""
+    global _pool_observer
+    if _pool_observer is not None:
+        return
+    _pool_observer = False
+    if not _glue or not _glue.lib.cistern_torch_has_pool_observer():
+        logger.warning("cistern.torch: out of memory in a MemPool carries PyTorch's message; "
+                       "cistern's is in cistern.last_error() (%s)",
+                       "the glue was built without its observer" if _glue else _route_detail)
+        return
+    torch.cuda.init()  # the caching allocator gives observers to the devices it has set up
+    if _glue.lib.cistern_torch_attach_pool_observer() != 0:
+        logger.warning("cistern.torch: PyTorch refused the out-of-memory observer (is a "
+                       "pluggable allocator current?); out of memory in a MemPool carries "
+                       "PyTorch's message")
+        return
+    _pool_observer = True
 
 
 def enable():
@@ -87,7 +280,8 @@ def mem_pool(device=None):
     if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
         raise RuntimeError("cistern.torch.mem_pool needs torch.cuda.MemPool (PyTorch >= 2.5); "
                            "use cistern.torch.enable() instead")
-    pool = torch.cuda.MemPool(allocator().allocator())
+    pool = torch.cuda.MemPool(pool_allocator().allocator())
+    _attach_pool_observer(torch)
     with torch.cuda.use_mem_pool(pool, device=device):
         yield pool
 

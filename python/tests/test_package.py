@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import cistern
@@ -42,6 +43,17 @@ class PackageTest(unittest.TestCase):
                                 env=env)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("/nonexistent/libcistern_plugin.so (missing)", result.stderr)
+
+    def test_every_script_compiles(self):
+        # The GPU scripts run only where a GPU is lent: a syntax error must show up here first.
+        import glob
+        import py_compile
+        scripts = glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "scripts",
+                                         "*.py"))
+        self.assertGreater(len(scripts), 5)
+        with tempfile.TemporaryDirectory() as folder:
+            for script in scripts:
+                py_compile.compile(script, cfile=os.path.join(folder, "x.pyc"), doraise=True)
 
     @unittest.skipIf(HAS_TORCH, "torch is installed")
     def test_torch_missing_is_explained(self):

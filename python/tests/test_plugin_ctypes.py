@@ -159,6 +159,35 @@ class PluginTest(unittest.TestCase):
         self.assertEqual(self.stat("allocated_bytes.all.current"), 0)
         self.assertEqual(cistern.misuse_count(), 0)
 
+    def test_every_failing_package_call_raises_cistern_error_with_its_code(self):
+        failing = [
+            (lambda: cistern.memory_stats(64), 4, "memory_stats: device 64 is out of range"),
+            (lambda: cistern.reset_peak_memory_stats(-1), 4, "device -1 is out of range"),
+            (lambda: cistern.reset_accumulated_memory_stats(64), 4, "device 64 is out of range"),
+            (lambda: cistern.write_snapshot("/nonexistent-cistern/x.pickle"), 4,
+             "No such file or directory"),
+            (lambda: cistern.set_memory_fraction(0), 4, "not in (0, 1]"),
+            (lambda: cistern.set_memory_fraction(float("nan")), 4, "not in (0, 1]"),
+            (lambda: cistern.set_memory_fraction(0.5, 64), 4, "device 64 is out of range"),
+            (lambda: cistern.check(-1), 4, "check: device -1 is out of range"),
+        ]
+        for call, code, says in failing:
+            with self.assertRaises(cistern.CisternError) as caught:
+                call()
+            self.assertEqual(caught.exception.code, code)
+            self.assertIn(says, str(caught.exception))
+        cistern.set_memory_fraction(0.5)
+        cistern.check(0)
+
+    def test_try_malloc_returns_the_code_and_this_calls_message(self):
+        code, ptr, message = _library.try_malloc(2048 * MiB, 0, None)
+        self.assertEqual((code, ptr), (1, None))
+        self.assertTrue(message.startswith("cistern: out of memory on device 0"), message)
+        code, ptr, message = _library.try_malloc(4096, 0, None)
+        self.assertEqual((code, message), (0, ""))
+        self.lib.cistern_free(ptr, 4096, 0, None)
+        self.assertEqual(_library.try_malloc(4096, 99, None)[0], 4)
+
     def test_bad_configuration_raises_in_python(self):
         os.environ["CISTERN_BACKEND"] = "tpu"
         try:

@@ -12,6 +12,7 @@
 #include <new>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "cistern/errors.hpp"
@@ -61,17 +62,19 @@ std::string message_of(const std::exception_ptr& error) noexcept {
   }
 }
 
-/// Runs `body`; on an exception records it and returns its code.
+/// Runs `body`; on an exception records it and returns its code, and its message in `*message`
+/// when asked (left empty if even that copy fails for want of memory).
 template <class Body>
-cistern_error guarded(Body&& body) noexcept {
+cistern_error guarded(Body&& body, std::string* message = nullptr) noexcept {
   try {
     body();
     return CISTERN_OK;
   } catch (...) {
     const cistern_error code = classify();
-    const std::string message = message_of(std::current_exception());
+    const std::string text = message_of(std::current_exception());
     try {
-      PluginState::get().errors().record(code, message);
+      if (message != nullptr) *message = text;
+      PluginState::get().errors().record(code, text);
     } catch (...) {  // recording needs memory too; the code still tells the caller
     }
     return code;
@@ -199,6 +202,36 @@ DeviceAllocator& allocator_of(PluginState& state, void* ptr, const char* what) {
                        "): not a live allocation of cistern_malloc");
 }
 
+/// One allocation of the C ABI and how it went.
+struct Attempt {
+  void* ptr = nullptr;
+  cistern_error code = CISTERN_OK;
+  std::string message;  ///< the failure's own message (also recorded as the last error)
+};
+
+/// The body of every malloc entry point: size 0 is no allocation; out of memory gets the
+/// plug-in's message (what was asked, free, allocated, reserved, cached, the limit).
+Attempt attempt_malloc(std::size_t size, int device, cistern_stream_t stream) noexcept {
+  Attempt attempt;
+  attempt.code = guarded(
+      [&] {
+        if (size == 0) return;
+        PluginState& state = PluginState::get();
+        DeviceAllocator& allocator = state.allocator(device);
+        require_known_stream(state, device, Stream(stream), "malloc");
+        try {
+          attempt.ptr = allocator.allocate(size, Stream(stream));
+        } catch (const OutOfMemory& e) {
+          // A size no device has is refused before the device is asked: its own message says so.
+          if (e.info().device_total == 0) throw;
+          throw OutOfMemory(e.info(), oom_message(e.info()));
+        }
+      },
+      &attempt.message);
+  if (attempt.code != CISTERN_OK) attempt.ptr = nullptr;
+  return attempt;
+}
+
 }  // namespace
 }  // namespace cistern::plugin
 
@@ -209,19 +242,33 @@ using cistern::plugin::PluginState;
 extern "C" {
 
 void* cistern_malloc(size_t size, int device, cistern_stream_t stream) {
-  void* ptr = nullptr;
-  guarded([&] {
-    if (size == 0) return;
-    PluginState& state = PluginState::get();
-    cistern::DeviceAllocator& allocator = state.allocator(device);
-    cistern::plugin::require_known_stream(state, device, Stream(stream), "malloc");
-    try {
-      ptr = allocator.allocate(size, Stream(stream));
-    } catch (const cistern::OutOfMemory& e) {
-      throw cistern::OutOfMemory(e.info(), cistern::plugin::oom_message(e.info()));
-    }
-  });
-  return ptr;
+  return cistern::plugin::attempt_malloc(size, device, stream).ptr;
+}
+
+int cistern_try_malloc(size_t size, int device, cistern_stream_t stream, void** ptr, char* message,
+                       size_t capacity) {
+  cistern::plugin::Attempt attempt;
+  if (ptr == nullptr) {
+    attempt.code = guarded(
+        [] { throw cistern::InvalidArgument("cistern: try_malloc needs a place for the pointer"); },
+        &attempt.message);
+  } else {
+    attempt = cistern::plugin::attempt_malloc(size, device, stream);
+    *ptr = attempt.ptr;
+  }
+  cistern::plugin::copy_out(attempt.message, message, capacity);
+  return attempt.code;
+}
+
+// The one entry point that throws (see plugin.h): PyTorch stores whatever its allocation function
+// returns, so a failure must not come back as NULL.
+void* cistern_malloc_or_throw(size_t size, int device, cistern_stream_t stream) {
+  cistern::plugin::Attempt attempt = cistern::plugin::attempt_malloc(size, device, stream);
+  if (attempt.code == CISTERN_OK) return attempt.ptr;
+  if (attempt.code == CISTERN_ERROR_OUT_OF_MEMORY) {
+    throw std::runtime_error(CISTERN_FRAMEWORK_OOM_PREFIX + attempt.message);
+  }
+  throw std::runtime_error(attempt.message.empty() ? "cistern: malloc failed" : attempt.message);
 }
 
 void cistern_free(void* ptr, size_t size, int device, cistern_stream_t stream) {
@@ -304,6 +351,18 @@ int cistern_reset_accumulated_stats(int device) {
 int cistern_record_history(int enabled, size_t max_entries) {
   return guarded([&] {
     PluginState::get().record_history(enabled != 0, max_entries == 0 ? 1000000 : max_entries);
+  });
+}
+
+int cistern_check(int device) {
+  return guarded([&] {
+    if (device < 0 || device >= cistern::plugin::kMaxDevices) {
+      throw cistern::InvalidArgument("cistern: check: device " + std::to_string(device) +
+                                     " is out of range");
+    }
+    if (const cistern::DeviceAllocator* allocator = PluginState::get().existing(device)) {
+      allocator->check();
+    }
   });
 }
 

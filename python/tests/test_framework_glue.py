@@ -1,0 +1,269 @@
+# Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+"""cistern.torch and cistern.cupy against stand-in framework modules (tests/stand_ins.py) on the
+simulated backend (CISTERN_BACKEND=sim, 1 GiB): which allocation functions PyTorch is handed in
+each route (the glue's when it builds, the plug-in's throwing entry when it cannot, never the
+NULL-returning one under enable()), what is logged and reported, and that CuPy code gets
+cupy.cuda.memory.OutOfMemoryError with cistern's message. The glue "built" here is the library
+CMake compiles from _torch_glue.cpp against a c10 stand-in ($CISTERN_TEST_TORCH_GLUE); the
+real build against PyTorch runs on a GPU machine (scripts/gpu_frameworks.py)."""
+import ctypes
+import gc
+import importlib
+import os
+import tempfile
+import unittest
+
+import cistern
+import cistern.cupy
+import cistern.torch
+from cistern import _library
+from tests.stand_ins import CupyStandIn, TorchStandIn, installed
+
+MiB = 1 << 20
+GLUE = os.environ.get("CISTERN_TEST_TORCH_GLUE", "")
+POOL, PLAIN = "cistern_torch_glue_pool", "cistern_torch_glue_plain"
+
+
+def plugin_address(name):
+    return ctypes.cast(getattr(_library.load(), name), ctypes.c_void_p).value
+
+
+class SimulatedBackend(unittest.TestCase):
+    def setUp(self):
+        self.saved = {k: os.environ.get(k) for k in
+                      ("CISTERN_BACKEND", "CISTERN_SIM_CAPACITY", "CISTERN_ALLOC_CONF",
+                       "CISTERN_TORCH_EXTENSION", "CISTERN_TORCH_EXTENSION_DIR")}
+        os.environ.update(CISTERN_BACKEND="sim", CISTERN_SIM_CAPACITY="1GiB")
+        os.environ.pop("CISTERN_ALLOC_CONF", None)
+        os.environ.pop("CISTERN_TORCH_EXTENSION", None)
+        self.cache = tempfile.TemporaryDirectory()
+        os.environ["CISTERN_TORCH_EXTENSION_DIR"] = self.cache.name
+        self.lib = _library.load()
+        self.lib.cistern_shutdown()
+        importlib.reload(cistern.torch)  # forget the route chosen by another test
+
+    def tearDown(self):
+        self.lib.cistern_shutdown()
+        importlib.reload(cistern.torch)  # leave no route or allocator to the next test
+        importlib.reload(cistern.cupy)
+        self.cache.cleanup()
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    def allocated(self):
+        return cistern.memory_stats(0)["allocated_bytes.all.current"]
+
+
+class TorchRoutes(SimulatedBackend):
+    def hooks_are_the_plugins(self, pluggable):
+        expected = {"set_init_fn": "cistern_init", "set_reset_fn": "cistern_empty_cache",
+                    "set_memory_fraction_fn": "cistern_set_memory_fraction",
+                    "set_record_stream_fn": "cistern_record_stream",
+                    "set_base_alloc_fn": "cistern_base_allocation"}
+        self.assertEqual(pluggable.allocator().hooks,
+                         {k: plugin_address(v) for k, v in expected.items()})
+
+    @unittest.skipUnless(os.path.exists(GLUE), "CISTERN_TEST_TORCH_GLUE (the glue built against "
+                         "the c10 stand-in) is not set")
+    def test_enable_hands_pytorch_the_glue_that_raises_torchs_error(self):
+        torch = TorchStandIn({POOL: GLUE})
+        with installed(torch), self.assertLogs("cistern.torch", "INFO") as logs:
+            cistern.torch.enable()
+            cistern.torch.enable()  # once only
+        self.assertEqual(cistern.torch.oom_route(), "extension")
+        self.assertIn("torch.OutOfMemoryError", cistern.torch.oom_route_detail())
+        self.assertTrue(any("torch.OutOfMemoryError" in line and GLUE in line
+                            for line in logs.output), logs.output)
+        # One build, with the MemPool observer, against the installed PyTorch's CUDA headers,
+        # as a plain library, cached under CISTERN_TORCH_EXTENSION_DIR.
+        [load] = torch.called("load")
+        _, name, sources, cflags, directory, with_cuda, is_python_module = load
+        self.assertEqual((name, sources, with_cuda, is_python_module),
+                         (POOL, [cistern.torch.GLUE_SOURCE], True, False))
+        self.assertIn("-DCISTERN_TORCH_POOL_OBSERVER", cflags)
+        self.assertTrue(directory.startswith(self.cache.name + os.sep), directory)
+        self.assertIn("2.11.0+standin-pool-", directory)
+        [pluggable] = torch.called("pluggable")
+        self.assertEqual(pluggable[1:], (GLUE, "cistern_torch_malloc", "cistern_torch_free"))
+        [change] = torch.called("change")
+        self.assertIs(change[1], cistern.torch.allocator())
+        self.hooks_are_the_plugins(change[1])
+        # The glue is bound to the very plug-in Python loaded: its allocations are cistern's.
+        glue = ctypes.CDLL(GLUE)
+        glue.cistern_torch_malloc.restype = ctypes.c_void_p
+        glue.cistern_torch_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        glue.cistern_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                            ctypes.c_void_p]
+        ptr = glue.cistern_torch_malloc(4096, 0, None)
+        self.assertTrue(ptr)
+        self.assertEqual(self.allocated(), 4096)
+        glue.cistern_torch_free(ptr, 4096, 0, None)
+        self.assertEqual(self.allocated(), 0)
+
+    @unittest.skipUnless(os.path.exists(GLUE), "CISTERN_TEST_TORCH_GLUE is not set")
+    def test_mem_pool_gets_the_null_returning_glue_and_its_observer(self):
+        torch = TorchStandIn({POOL: GLUE})
+        with installed(torch):
+            with cistern.torch.mem_pool(device=0) as pool:
+                pass
+        [pluggable] = torch.called("pluggable")
+        self.assertEqual(pluggable[1:], (GLUE, "cistern_torch_pool_malloc", "cistern_torch_free"))
+        self.assertIs(pool.allocator, cistern.torch.pool_allocator().allocator())
+        self.hooks_are_the_plugins(cistern.torch.pool_allocator())
+        self.assertEqual(torch.called("use_mem_pool"), [("use_mem_pool", pool, 0)])
+        self.assertEqual(len(torch.called("init")), 1)  # the devices exist before the observer
+        self.assertTrue(cistern.torch._pool_observer)
+        self.assertEqual(torch.called("change"), [])  # the MemPool route swaps nothing
+
+    @unittest.skipUnless(os.path.exists(GLUE), "CISTERN_TEST_TORCH_GLUE is not set")
+    def test_glue_without_cuda_headers_is_the_second_build(self):
+        torch = TorchStandIn({POOL: RuntimeError("Error building extension 'cistern_torch_glue_"
+                                                 "pool':\n[1/2] c++ ...\nfatal error: "
+                                                 "cuda_runtime_api.h: No such file"),
+                              PLAIN: GLUE})
+        with installed(torch):
+            cistern.torch.enable()
+        self.assertEqual([c[1] for c in torch.called("load")], [POOL, PLAIN])
+        plain = torch.called("load")[1]
+        self.assertEqual((plain[5], "-DCISTERN_TORCH_POOL_OBSERVER" in plain[3]), (False, False))
+        self.assertEqual(cistern.torch.oom_route(), "extension")
+        self.assertIn("plain build", cistern.torch.oom_route_detail())
+
+    def test_without_the_glue_pytorch_gets_the_throwing_plugin_entry(self):
+        error = RuntimeError("Ninja is required to load C++ extensions")
+        torch = TorchStandIn({POOL: error, PLAIN: error})
+        with installed(torch), self.assertLogs("cistern.torch", "WARNING") as logs:
+            cistern.torch.enable()
+            with cistern.torch.mem_pool():
+                pass
+        self.assertEqual(cistern.torch.oom_route(), "fallback")
+        detail = cistern.torch.oom_route_detail()
+        self.assertIn("RuntimeError('CUDA out of memory. ...')", detail)
+        self.assertIn("pool build: Ninja is required", detail)
+        self.assertIn("plain build: Ninja is required", detail)
+        self.assertTrue(any("not torch.OutOfMemoryError" in line for line in logs.output))
+        self.assertTrue(any("MemPool carries PyTorch's message" in line for line in logs.output))
+        enable_route, pool_route = torch.called("pluggable")
+        plugin = _library.path()
+        # Never the NULL-returning cistern_malloc under enable(); PyTorch checks for NULL in a
+        # MemPool, so that route keeps it.
+        self.assertEqual(enable_route[1:], (plugin, "cistern_malloc_or_throw", "cistern_free"))
+        self.assertEqual(pool_route[1:], (plugin, "cistern_malloc", "cistern_free"))
+        self.hooks_are_the_plugins(cistern.torch.allocator())
+        self.assertIs(cistern.torch._pool_observer, False)
+
+    def test_the_glue_can_be_switched_off(self):
+        os.environ["CISTERN_TORCH_EXTENSION"] = "0"
+        torch = TorchStandIn({})
+        with installed(torch), self.assertLogs("cistern.torch", "WARNING"):
+            cistern.torch.allocator()
+        self.assertEqual(torch.called("load"), [])
+        self.assertEqual(cistern.torch.oom_route(), "fallback")
+        self.assertIn("CISTERN_TORCH_EXTENSION=0", cistern.torch.oom_route_detail())
+
+    def test_the_build_is_tried_once_per_process(self):
+        error = RuntimeError("no compiler")
+        torch = TorchStandIn({POOL: error, PLAIN: error})
+        with installed(torch), self.assertLogs("cistern.torch", "WARNING"):
+            cistern.torch.allocator()
+            cistern.torch.pool_allocator()
+            cistern.torch.allocator()
+        self.assertEqual(len(torch.called("load")), 2)
+        self.assertEqual(len(torch.called("pluggable")), 2)
+
+    def test_no_route_before_it_is_needed(self):
+        self.assertIsNone(cistern.torch.oom_route())
+        self.assertEqual(cistern.torch.oom_route_detail(), "")
+
+    def test_the_cache_folder_follows_pytorch_the_build_and_the_source(self):
+        d = cistern.torch.glue_directory
+        self.assertEqual(d("2.11.0", "pool", ["-DX"]), d("2.11.0", "pool", ["-DX"]))
+        self.assertNotEqual(d("2.11.0", "pool", ["-DX"]), d("2.10.0", "pool", ["-DX"]))
+        self.assertNotEqual(d("2.11.0", "pool", ["-DX"]), d("2.11.0", "plain", []))
+        with tempfile.NamedTemporaryFile("w", suffix=".cpp") as other:
+            other.write("// another source\n")
+            other.flush()
+            self.assertNotEqual(d("2.11.0", "pool", []), d("2.11.0", "pool", [], other.name))
+        self.assertEqual(os.path.dirname(d("2.11.0+cu130", "pool", [])), self.cache.name)
+        self.assertTrue(os.path.basename(d("2.11.0 cu/130", "pool", [])).startswith(
+            "2.11.0_cu_130-pool-"))
+
+    def test_a_compilers_error_line_is_the_reason_given(self):
+        error = RuntimeError("Error building extension 'x':\n[1/2] c++ -c glue.cpp\n"
+                             "glue.cpp:3:10: fatal error: c10/util/Exception.h: No such file\n"
+                             "compilation terminated.")
+        self.assertEqual(cistern.torch._first_line(error),
+                         "glue.cpp:3:10: fatal error: c10/util/Exception.h: No such file")
+        self.assertEqual(cistern.torch._first_line(RuntimeError("\n  no ninja\n")), "no ninja")
+        self.assertEqual(cistern.torch._first_line(OSError()), "OSError")
+
+
+class CupyRoute(SimulatedBackend):
+    def test_allocations_are_cisterns_and_are_freed_with_the_last_reference(self):
+        cupy = CupyStandIn()
+        with installed(cupy):
+            memory = cistern.cupy.malloc(4096)
+            self.assertEqual(self.allocated(), 4096)
+            self.assertEqual(memory.ptr % 512, 0)
+            empty = cistern.cupy.malloc(0)
+            self.assertEqual((empty.ptr, empty.mem.device_id), (0, 0))
+            del memory
+            gc.collect()
+            self.assertEqual(self.allocated(), 0)
+
+    def test_out_of_memory_is_cupys_error_with_cisterns_message(self):
+        cupy = CupyStandIn()
+        with installed(cupy):
+            held = cistern.cupy.malloc(100 * MiB)
+            with self.assertRaises(cupy.modules["cupy"].cuda.memory.OutOfMemoryError) as caught:
+                cistern.cupy.malloc(2048 * MiB)
+            self.assertIs(type(caught.exception), cupy.modules["cupy"].cuda.memory.OutOfMemoryError)
+            message = str(caught.exception)
+            self.assertTrue(message.startswith("cistern: out of memory on device 0: requested "
+                                               "2147483648 bytes (2.00 GiB)"), message)
+            self.assertEqual((caught.exception._size, caught.exception._total),
+                             (2048 * MiB, 100 * MiB))
+            again = cistern.cupy.malloc(500 * MiB)  # usable afterwards
+            self.assertEqual(self.allocated(), 600 * MiB)
+            del held, again
+            gc.collect()
+        self.assertEqual(self.allocated(), 0)
+        cistern.check(0)
+
+    def test_the_memory_fraction_caps_cupys_allocations(self):
+        cupy = CupyStandIn()
+        with installed(cupy):
+            cistern.cupy.set_memory_fraction(0.25)
+            with self.assertRaises(MemoryError) as caught:
+                cistern.cupy.malloc(300 * MiB)
+            self.assertIn("It may reserve at most 256.00 MiB", str(caught.exception))
+            with self.assertRaises(cistern.CisternError) as bad:
+                cistern.cupy.set_memory_fraction(1.5)
+            self.assertEqual(bad.exception.code, 4)
+
+    def test_other_failures_are_cistern_errors(self):
+        cupy = CupyStandIn(device=70)
+        with installed(cupy):
+            with self.assertRaises(cistern.CisternError) as caught:
+                cistern.cupy.malloc(4096)
+            self.assertEqual(caught.exception.code, 4)
+            self.assertIn("device 70 is out of range", str(caught.exception))
+            cupy.device, cupy.stream = 0, 0xdead0
+            with self.assertRaises(cistern.CisternError) as caught:
+                cistern.cupy.malloc(4096)
+            self.assertIn("unknown stream handle 0xdead0", str(caught.exception))
+
+    def test_enable_and_disable_swap_cupys_allocator(self):
+        cupy = CupyStandIn()
+        with installed(cupy):
+            cistern.cupy.enable()
+            self.assertIs(cupy.allocator, cistern.cupy.malloc)
+            cistern.cupy.disable()
+            self.assertEqual(cupy.allocator, "cupy's pool")
+
+
+if __name__ == "__main__":
+    unittest.main()
