@@ -122,12 +122,14 @@ TEST_F(Engine, TakesOverOtherStreamsSegmentsAndReclaimsTheSmallPoolForOneRequest
   alloc->deallocate(large, s1);
   // Classic segments would leave s2 nothing: 8 MiB of s1's cache, none of it one free block.
   // s2 takes s1's large segment over (its three pages stay mapped: no device call) and the
-  // small pool's page is reclaimed for the fourth.
+  // small pool's page is reclaimed for the fourth: unmapped there and mapped again here (a handle
+  // of the size the growth needs is not released and created anew).
   void* big = alloc->allocate(8 * MiB, s2);
   ASSERT_NE(big, nullptr);
   EXPECT_EQ(stats().num_cross_stream_reuse, 1);
   EXPECT_EQ(stats().num_pages_reclaimed, 1);
-  EXPECT_EQ(stats().num_handles_created, 5);
+  EXPECT_EQ(stats().num_handles_created, 4);
+  EXPECT_EQ(stats().num_handles_released, 0);
   EXPECT_EQ(stats().num_ooms, 0);
   EXPECT_EQ(alloc->reserved_bytes(), 8 * MiB);
   EXPECT_EQ(stat(StatKind::reserved_bytes, StatPool::small_pool), 0);
@@ -284,27 +286,30 @@ TEST_F(Engine, EmptyCacheReturnsEveryUnusedPageAndHandle) {
   EXPECT_EQ(device->live_reservations(), 0u);
 }
 
-TEST_F(Engine, OneHandlePerGrowthMappedInOneRunAndNeverAboveTheSegments) {
-  make("vmm:True", 256 * MiB);  // defaults: handles of at least 20 MiB / 2 MiB, one per growth
+TEST_F(Engine, OneHandlePerGrowthWithRoomMappedInOneRunAndExtendedOverItsBlock) {
+  make("vmm:True", 8 * GiB);  // defaults; plenty of room
   alloc->record_history(true, 1000);
   void* a = alloc->allocate(3 * MiB, default_stream);
-  // One 20 MiB handle for the 20 MiB segment, all of it mapped in one run (as a classic segment
-  // comes whole), so that the segment's later blocks make no device call.
-  EXPECT_EQ(alloc->reserved_bytes(), 20 * MiB);
-  EXPECT_EQ(reserved(), static_cast<std::int64_t>(20 * MiB));
+  // One handle of the large pool's handle size (8 MiB) for the growth, mapped in one run: the
+  // pool holds nothing yet, so the growth extends to that size and no further.
+  EXPECT_EQ(alloc->reserved_bytes(), 8 * MiB);
+  EXPECT_EQ(reserved(), static_cast<std::int64_t>(8 * MiB));
   EXPECT_EQ(device_calls(DeviceOp::create_physical), 1u);
   const auto maps = device_calls(DeviceOp::map);
-  void* a2 = alloc->allocate(5 * MiB, default_stream);
+  void* a2 = alloc->allocate(5 * MiB, default_stream);  // [3, 8) MiB: on the same handle
+  EXPECT_EQ(addr(a2), addr(a) + 3 * MiB);
   EXPECT_EQ(device_calls(DeviceOp::map), maps);
-  // A 100 MiB request: its own segment, one 100 MiB handle, one run of 50 pages.
+  // A 100 MiB request right after them in the same 1 GiB range: one 100 MiB handle (50 granules),
+  // extended no further (a growth extends to an eighth of what the pool holds at most).
   void* b = alloc->allocate(100 * MiB, default_stream);
-  EXPECT_EQ(alloc->reserved_bytes(), 120 * MiB);
+  EXPECT_EQ(addr(b), addr(a) + 8 * MiB);
+  EXPECT_EQ(alloc->reserved_bytes(), 108 * MiB);
   EXPECT_EQ(stats().num_handles_created, 2);
-  EXPECT_EQ(stats().num_pages_mapped, 10 + 50);
+  EXPECT_EQ(stats().num_pages_mapped, 4 + 50);
   std::size_t runs = 0;
   for (const HistoryEntry& e : alloc->history()) {
     if (e.action != HistoryEntry::Action::segment_map) continue;
-    EXPECT_EQ(e.size, runs == 0 ? 20 * MiB : 100 * MiB);
+    EXPECT_EQ(e.size, runs == 0 ? 8 * MiB : 100 * MiB);
     ++runs;
   }
   EXPECT_EQ(runs, 2u);
@@ -318,7 +323,7 @@ TEST_F(Engine, OneHandlePerGrowthMappedInOneRunAndNeverAboveTheSegments) {
 }
 
 TEST_F(Engine, MaxHandleSizeCapsEachCreation) {
-  make("vmm:True,max_handle_size_mb:40", 256 * MiB);
+  make("vmm:True,max_handle_size_mb:40", 8 * GiB);
   void* b = alloc->allocate(100 * MiB, default_stream);  // 40 + 40 + 20 MiB
   EXPECT_EQ(stats().num_handles_created, 3);
   EXPECT_EQ(alloc->reserved_bytes(), 100 * MiB);
@@ -562,58 +567,83 @@ TEST(EngineFallback, ARefusalAfterTheFirstGrowthOrUnderVmmTrueIsAnError) {
   }
 }
 
-// With room to spare a growth is one handle (as one cudaMalloc per classic segment: the driver
-// prices access grants and unmaps per mapping); within a sixteenth of the capacity of the limit,
-// handles are one granule each, exactly under the block, so that any of them can go back alone.
-TEST(EngineHandles, OneHandlePerGrowthWithRoomOneGranuleEachNearTheLimit) {
-  SimDevice device(sim_options(64 * MiB));  // "near": less than 4 MiB would be left
+// How handles follow the room left: with plenty, one handle per growth; near the limit (a 32nd of
+// the room left after a growth is less than a granule), at most twelve handles per run of
+// granules, so that what a free block covers can go back in small pieces.
+TEST(EngineHandles, HandlesGetSmallerAsTheRoomRunsOut) {
+  SimDevice device(sim_options(256 * MiB));
   CachingAllocator alloc(device, Config());
-  void* a = alloc.allocate(40 * MiB, default_stream);
-  EXPECT_EQ(alloc.stats().num_handles_created, 1);
-  EXPECT_EQ(device.counters().of(DeviceOp::map), 1u);
-  // 22 MiB more would leave 2 MiB: one handle per granule, eleven of them, in one map_run.
-  void* b = alloc.allocate(22 * MiB, default_stream);
-  EXPECT_EQ(alloc.stats().num_handles_created, 1 + 11);
+  // 200 MiB (100 granules) leave 56 MiB: handles of at most 56 / 32 MiB, i.e. one granule, but
+  // no more than twelve per run: 11 of 9 granules and one of 1.
+  void* a = alloc.allocate(200 * MiB, default_stream);
+  EXPECT_EQ(alloc.stats().num_handles_created, 12);
   EXPECT_EQ(device.live_physical(), 12u);
-  EXPECT_EQ(alloc.reserved_bytes(), 62 * MiB);
+  EXPECT_EQ(device.counters().of(DeviceOp::map), 12u);  // one map_run: a map per handle
+  // 20 MiB more (10 granules) leave 36 MiB: ten handles of one granule.
+  void* b = alloc.allocate(20 * MiB, default_stream);
+  EXPECT_EQ(alloc.stats().num_handles_created, 22);
+  EXPECT_EQ(alloc.reserved_bytes(), 220 * MiB);
   alloc.check();
-  // b's segment cut again: a live 5 MiB block on granules 0-2, free granules 3-10 beside it.
-  alloc.deallocate(b, default_stream);
-  void* b2 = alloc.allocate(5 * MiB, default_stream);
-  EXPECT_EQ(b2, b);
-  // 12 MiB on another stream: the device has 2 MiB; five of b's free granules go back (the
-  // granule b2 shares stays), and the request gets six one-granule handles.
-  const Stream s1 = device.create_stream();
-  void* c = alloc.allocate(12 * MiB, s1);
-  ASSERT_NE(c, nullptr);
-  EXPECT_EQ(alloc.stats().num_pages_reclaimed, 5);
-  EXPECT_EQ(alloc.stats().num_handles_released, 5);
-  EXPECT_EQ(alloc.stats().num_ooms, 0);
-  EXPECT_EQ(alloc.reserved_bytes(), 64 * MiB);
-  alloc.check();
-  alloc.deallocate(c, s1);
-  alloc.deallocate(b2, default_stream);
   alloc.deallocate(a, default_stream);
+  alloc.deallocate(b, default_stream);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().num_handles_released, 22);
+  EXPECT_EQ(device.used_bytes(), 0u);
 }
 
 // A handle goes back only whole: one under a live block stays, whatever lies free beside it.
 TEST(EngineHandles, AHandleUnderALiveBlockIsNeverUnmapped) {
-  SimDevice device(sim_options(40 * MiB));
+  SimDevice device(sim_options(8 * GiB));
   CachingAllocator alloc(device, Config());
-  void* a = alloc.allocate(3 * MiB, default_stream);  // one 20 MiB handle for its segment
-  EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
+  void* a = alloc.allocate(3 * MiB, default_stream);  // one 8 MiB handle: room to spare
+  EXPECT_EQ(alloc.reserved_bytes(), 8 * MiB);
+  alloc.set_memory_fraction(static_cast<double>(20 * MiB) / static_cast<double>(8 * GiB));
   const Stream s1 = device.create_stream();
-  // 22 MiB on another stream: the device has 20 MiB, the 17 MiB beside `a` lie on a's handle.
-  EXPECT_THROW(alloc.allocate(22 * MiB, s1), OutOfMemory);
-  EXPECT_EQ(device.counters().failed(DeviceOp::unmap), 0u);
-  EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
+  // 16 MiB on another stream: 12 MiB are left under the 20 MiB limit, and the 5 MiB free beside
+  // `a` lie on a's handle.
+  EXPECT_THROW(alloc.allocate(16 * MiB, s1), OutOfMemory);
+  EXPECT_EQ(device.counters().of(DeviceOp::unmap), 0u);
+  EXPECT_EQ(alloc.reserved_bytes(), 8 * MiB);
   alloc.check();
-  alloc.deallocate(a, default_stream);  // now the whole handle is free: it goes, and 22 fits
-  void* b = alloc.allocate(22 * MiB, s1);
+  alloc.deallocate(a, default_stream);  // now the whole handle is free: 16 MiB fit
+  void* b = alloc.allocate(16 * MiB, s1);
   ASSERT_NE(b, nullptr);
-  EXPECT_EQ(alloc.reserved_bytes(), 22 * MiB);
+  EXPECT_EQ(alloc.reserved_bytes(), 16 * MiB);
   alloc.check();
   alloc.deallocate(b, s1);
+}
+
+// Near the limit, from the growth after one that had to reclaim, a request on a free handle of
+// several granules that it would not fill has that handle given back first and is mapped on
+// handles of one granule: the rest of the block then holds no memory that a live block pins.
+TEST(EngineHandles, NearTheLimitALargeFreeHandleIsGivenBackUnderASmallRequest) {
+  SimDevice device(sim_options(8 * GiB));
+  CachingAllocator alloc(device, Config());
+  const Stream s1 = device.create_stream();
+  void* a = alloc.allocate(3 * MiB, default_stream);  // 8 MiB handle, granules 0-3
+  void* c = alloc.allocate(3 * MiB, s1);              // 8 MiB handle in s1's range
+  EXPECT_EQ(alloc.reserved_bytes(), 16 * MiB);
+  alloc.deallocate(a, default_stream);
+  alloc.deallocate(c, s1);
+  alloc.set_memory_fraction(static_cast<double>(16 * MiB) / static_cast<double>(8 * GiB));
+  // 10 MiB on the default stream: granule 4 is missing and the limit is reached, so s1's free
+  // handle is reclaimed (a growth that reclaims: near the limit from now on).
+  void* e = alloc.allocate(10 * MiB, default_stream);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(alloc.stats().num_pages_reclaimed, 4);
+  EXPECT_EQ(alloc.stats().num_handle_splits, 0);
+  // The next growth finds the engine near the limit and arms make_finer.
+  alloc.deallocate(e, default_stream);
+  void* g = alloc.allocate(2 * MiB, s1);  // s1's range: one granule, reclaimed from e's block
+  ASSERT_NE(g, nullptr);
+  // 2 MiB on the large pool's 8 MiB handle, which lies free: it is given back and the request
+  // mapped on one granule.
+  void* f = alloc.allocate(2 * MiB, default_stream);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(alloc.stats().num_handle_splits, 1);
+  alloc.check();
+  alloc.deallocate(f, default_stream);
+  alloc.deallocate(g, s1);
 }
 
 // Random requests on several streams near the limit, check() after every step: SimDevice refuses

@@ -78,7 +78,7 @@ struct Config {
   std::size_t small_handle_size = 2u << 20;
   /// Smallest physical handle the engine creates for the large pool (`large_handle_size_mb`;
   /// PyTorch maps 20 MiB handles there); a growth that needs more gets one handle for it all.
-  std::size_t large_handle_size = 20u << 20;
+  std::size_t large_handle_size = 8u << 20;
   /// Largest physical handle the engine creates (`max_handle_size_mb`). 0 (`auto`): one handle
   /// per growth, as large as the pages it needs - creation is the expensive call, and a classic
   /// allocator makes one cudaMalloc per segment - or, with a release threshold, handles of the

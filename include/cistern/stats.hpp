@@ -87,7 +87,7 @@ struct Stats {
   /// 1 when the engine was wanted but the device has no virtual memory or refused it at its
   /// first growth, so that classic segments serve instead (`virtual_memory_note()` says why).
   std::int64_t num_vmm_fallbacks = 0;
-  std::int64_t max_split_size = -1;       ///< the configured value; -1 when unlimited
+  std::int64_t max_split_size = -1;  ///< the configured value; -1 when unlimited
 
   /// One array statistic.
   Stat& get(StatKind kind, StatPool pool) noexcept {

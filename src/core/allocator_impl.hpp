@@ -31,8 +31,8 @@
 
 #include "cistern/caching_allocator.hpp"
 #include "cistern/errors.hpp"
-#include "history_log.hpp"
 #include "handle_table.hpp"
+#include "history_log.hpp"
 #include "pool_stats.hpp"
 #include "region_table.hpp"
 #include "size_policy.hpp"
@@ -194,7 +194,6 @@ class CachingAllocator::Impl {
     virtual std::size_t release_rest() = 0;
     /// The engine with a release threshold: gives unused memory above it back (no pool lock held).
     virtual void trim() {}
-    virtual void debug_oom(std::size_t /*size*/) {}
     /// Checks the backing's own structures against the segments (inside check()).
     virtual void check(const std::vector<const detail::Segment*>& segments) const = 0;
 

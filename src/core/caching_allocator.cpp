@@ -6,8 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 
 #include "allocator_impl.hpp"
 #include "device_call.hpp"
@@ -117,7 +115,8 @@ void CachingAllocator::Impl::choose_backing() {
   const bool wanted = config_.vmm != Config::Vmm::off;
   vmm_ = supported && wanted;
   if (wanted && !supported) {
-    vmm_note_ = fmt::format("device {} ({}) has no virtual memory", device_.index(), device_.name());
+    vmm_note_ =
+        fmt::format("device {} ({}) has no virtual memory", device_.index(), device_.name());
   }
   backing_ = vmm_ ? make_mapped_handles() : make_segments();
   if (vmm_) policy_ = policy_.for_engine();
@@ -126,16 +125,16 @@ void CachingAllocator::Impl::choose_backing() {
 
 // Global lock held, no segment of the engine's yet. The device refused a virtual-memory call at
 // the engine's first growth (MIG, vGPU, a driver without the API): classic segments from now on.
-void CachingAllocator::Impl::fall_back_to_segments(const std::string& why,
-                                                   const StreamPool* held) {
+void CachingAllocator::Impl::fall_back_to_segments(const std::string& why, const StreamPool* held) {
   if (config_.vmm == Config::Vmm::on) {
     throw DeviceError("map", fmt::format("cistern: vmm:True, but device {} ({}) refused the "
                                          "virtual-memory engine: {}",
                                          device_.index(), device_.name(), why));
   }
-  vmm_note_ = fmt::format("device {} ({}) refused the virtual-memory engine at its first growth, "
-                          "so cistern uses cudaMalloc segments: {}",
-                          device_.index(), device_.name(), why);
+  vmm_note_ = fmt::format(
+      "device {} ({}) refused the virtual-memory engine at its first growth, "
+      "so cistern uses cudaMalloc segments: {}",
+      device_.index(), device_.name(), why);
   vmm_ = false;
   trims_ = false;
   tight_ = false;
@@ -237,7 +236,8 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
     }
     // A block with pages missing is mapped on the slow path.
     Block* b = pool.find(size, small);
-    if (b != nullptr && mapped_for(policy_, *b, size, small, tight_.load(std::memory_order_relaxed))) {
+    if (b != nullptr &&
+        mapped_for(policy_, *b, size, small, tight_.load(std::memory_order_relaxed))) {
       return pool.take(b, size, bytes);
     }
   }
@@ -278,7 +278,6 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   release_cache(&pool);
   if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
-  if (std::getenv("CISTERN_EXP_DEBUG_OOM")) backing_->debug_oom(size);
   throw_out_of_memory(pool, bytes, size, policy_.segment_size(size), small);
 }
 

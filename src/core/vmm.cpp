@@ -1,35 +1,37 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// The virtual-memory engine: segments are reserved address ranges placed and cut by the same best
-// fit as classic ones, and physical memory is mapped into them as whole handles, only where a
-// block is handed out. The driver maps a handle only whole, at offset 0, and unmaps only whole
+// The virtual-memory engine: segments are reserved address ranges (64 MiB for the small pool,
+// 1 GiB for the large one, more for a larger request) in which blocks are placed and cut by the
+// same best fit as classic ones and pack across granules, as in the single range per pool of
+// PyTorch's expandable segments; physical memory is mapped into them as whole handles, only where
+// a block is handed out. The driver maps a handle only whole, at offset 0, and unmaps only whole
 // mappings (vmm-and-planning.md section 4), so a handle is the unit of everything here: created
-// for a run of granules that a block needs, mapped there whole, unmapped and released whole once
+// for a run of granules that blocks need, mapped there whole, unmapped and released whole once
 // every granule it covers lies inside a cached free block.
 //
 // How large a handle is decides both costs. The driver's price is per mapping, not per byte - a
-// cuMemSetAccess and a cuMemUnmap cost about 28 and 20 us for each mapping they cover, whatever
-// its size - so one handle per growth (as one cudaMalloc per classic segment) is what makes the
-// engine as cheap as cudaMalloc. But a handle goes back only whole, so a large one under a single
-// small live block holds all its memory. The engine therefore sizes handles by how much room the
-// device has left: with room to spare, one handle per growth, extended over the free rest of the
-// block up to the pool's handle size (PyTorch's 2 and 20 MiB pages), so that the next blocks cut
-// from it need no call; near the limit - where every byte held under a free block may be the byte
-// a request lacks - one handle per granule, exactly under the blocks that need them, so that
-// whatever a free block covers can be given back. Near the limit it can thus always do what
-// PyTorch's expandable segments do, with granules of 2 MiB where they use 20 MiB pages.
+// cuMemSetAccess and a cuMemUnmap cost about 29 and 18 us for each mapping they cover, whatever
+// its size - so few large handles are what make the engine cheaper than cudaMalloc. But a handle
+// goes back only whole, so a large one under a small live block holds all its memory. The engine
+// therefore sizes each handle by the room the device and the limit leave (plan()): with room to
+// spare, one handle per growth, extended over the free rest of its block by a share of that room,
+// so that the next blocks cut from it need no call; the closer to the limit, the smaller the
+// largest handle (a 32nd of the room left), down to one granule, so that what a free block covers
+// can be given back. Near the limit, once a growth has had to reclaim, a block handed out on a
+// larger handle that it does not fill and that lies free around it first has that handle given
+// back (make_finer): handles made large while there was room do not stay whole under small live
+// blocks when the room runs out.
 //
 // A cached free block keeps its handles, so a steady state makes no device calls. When a growth
-// finds no room, handles lying entirely inside cached free blocks - of any pool - are unmapped and
-// released (reclaim), once the work of their pool's stream has completed (one event per pool,
-// queried first and waited for only if still running), and the growth is tried again. Everything
-// here runs under the global lock.
+// finds no room, handles lying entirely inside cached free blocks - of any pool - are unmapped
+// (reclaim), once the work of their pool's stream has completed (one event per pool, queried
+// first and waited for only if still running); those of a size the growth needs are mapped again
+// where it needs them, the others released, and the growth is tried again. Everything here runs
+// under the global lock.
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cstdlib>
+#include <optional>
 
 #include "allocator_impl.hpp"
 #include "device_call.hpp"
@@ -56,6 +58,16 @@ std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / 
 /// the range gets one of its own. Address space costs no memory.
 constexpr std::size_t kSmallRange = 64 * MiB;
 constexpr std::size_t kLargeRange = 1 * GiB;
+
+/// How handles are sized (plan()): a handle is at most the room left after it / kHandleDivisor;
+/// near the limit a run goes in at most kMaxPieces handles; with room, a growth maps up to the
+/// room / kExtensionDivisor (at most kMaxExtension) over the free rest of its block. Chosen by
+/// replaying the shared traces at their smallest capacities and at 80 GiB (docs/design.md).
+constexpr std::size_t kHandleDivisor = 32;
+constexpr std::size_t kMaxPieces = 12;
+constexpr std::size_t kExtensionDivisor = 1024;
+constexpr std::size_t kGrowthDivisor = 8;
+constexpr std::size_t kMaxExtension = 512 * MiB;
 
 /// A run of granules [first, end) of one segment.
 struct GranuleRun {
@@ -112,28 +124,6 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   bool release_segment(StreamPool& pool, Block* b) override;
   std::size_t release_rest() override;
   void trim() override;
-  void debug_oom(std::size_t size) override {
-    // live granules per handle
-    std::size_t by_size[64] = {}, pinned_free[64] = {}, count[64] = {};
-    for (std::uint32_t s = 0; s < handles_.slots().size(); ++s) {
-      const HandleSlot& h = handles_[s];
-      if (!h.live || h.segment == nullptr) continue;
-      const Segment& seg = *h.segment;
-      std::size_t used = 0;
-      for (std::size_t i = h.first; i < h.first + h.granules; ++i) {
-        const std::uintptr_t lo = seg.base + i * g_, hi = lo + g_;
-        bool live = false;
-        for (const Block* b = seg.head; b; b = b->next) {
-          if (b->addr < hi && lo < b->addr + b->size && !b->is_free()) { live = true; break; }
-        }
-        used += live;
-      }
-      int k = 63 - __builtin_clzll(h.granules);
-      count[k]++; by_size[k] += h.granules; pinned_free[k] += (used ? h.granules - used : 0);
-    }
-    std::fprintf(stderr, "OOM size %zu MiB reserved %zu MiB\n", size >> 20, a_.reserved_bytes() >> 20);
-    for (int k = 0; k < 64; ++k) if (count[k]) std::fprintf(stderr, "  handles of %zu+ granules: %zu, %zu MiB, free-but-pinned %zu MiB\n", std::size_t{1} << k, count[k], by_size[k]*2, pinned_free[k]*2);
-  }
   void check(const std::vector<const Segment*>& segments) const override;
 
  private:
@@ -146,19 +136,21 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
     return b.segment->pages_mapped(b.addr, b.addr + used_part(b, size, small));
   }
   Block* smallest_mapped_fit(const StreamPool& pool, std::size_t size, bool small) const;
-  std::vector<std::uint32_t> coarse_under(const Block& b, std::size_t first, std::size_t last) const;
+  std::vector<std::uint32_t> coarse_under(const Block& b, std::size_t first,
+                                          std::size_t last) const;
   bool wants_finer(const Block& b, std::size_t size, bool small) const;
   void make_finer(StreamPool& pool, Block& b, std::size_t first, std::size_t last);
-  void update_tight();
   Block* new_segment(StreamPool& pool, std::size_t size, bool small);
   bool map_for(StreamPool& pool, Block& b, std::size_t size, bool small, bool reclaim);
   std::vector<PlannedHandle> plan(const Segment& seg, std::size_t first, std::size_t last,
-                                  std::size_t limit, bool small, bool open_left = false,
-                                  bool open_right = false);
+                                  std::size_t limit, bool small, std::size_t held);
   std::size_t headroom();
-  std::size_t fine_margin() const noexcept;
+  std::size_t unit_granules(bool small) const noexcept;
+  std::size_t cap_granules() const noexcept;
   bool create(const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots,
               StreamPool& pool, Keep keep, bool reclaim);
+  bool create_or_reuse(const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots,
+                       StreamPool& pool, Keep keep, bool reclaim);
   bool map_planned(StreamPool& pool, Segment& seg, const std::vector<PlannedHandle>& planned,
                    const std::vector<std::uint32_t>& slots);
   void drop_unmapped_segments(const StreamPool* held);
@@ -173,6 +165,8 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   std::size_t unmap_and_release(StreamPool& pool, Segment& seg,
                                 const std::vector<std::uint32_t>& slots, Unmap why);
   std::size_t release_slot(std::uint32_t slot);
+  std::optional<std::uint32_t> take_spare(std::size_t granules);
+  void release_spares();
   std::size_t release_unplaced();
 
   const std::size_t g_;          // the device's granularity: every handle is a multiple of it
@@ -180,7 +174,13 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   detail::HandleTable handles_;
   bool grown_ = false;  // a first growth succeeded: a refusal from now on is an error, no fallback
   bool constrained_ = false;  // a growth has had to reclaim
-  std::size_t fine_limit_ = 1;  // experimental: the largest handle near the limit, in granules
+  // During one growth that reclaims: the granule counts of the handles it plans (a reclaimed
+  // handle of one of these sizes is kept, unmapped, in spares_ to be mapped again instead of
+  // released and created anew), and those kept handles. Both empty between requests.
+  std::vector<std::size_t>* reuse_ = nullptr;
+  std::vector<std::uint32_t> spares_;
+  std::size_t failed_releases_ = 0;          // releases the device refused (their handles stay)
+  std::size_t handle_limit_ = SIZE_MAX / 2;  // the largest handle plan() last allowed, granules
 };
 
 std::unique_ptr<CachingAllocator::Impl::Backing> CachingAllocator::Impl::make_mapped_handles() {
@@ -199,8 +199,8 @@ bool CachingAllocator::Impl::MappedHandles::possible(std::size_t size) const noe
 // A scan of the pool's free blocks: only a request whose best fit lacks pages - one that would
 // otherwise call the device - pays for it.
 Block* CachingAllocator::Impl::MappedHandles::smallest_mapped_fit(const StreamPool& pool,
-                                                                   std::size_t size,
-                                                                   bool small) const {
+                                                                  std::size_t size,
+                                                                  bool small) const {
   Block* best = nullptr;
   pool.index(small).for_each([&](Block* c) {
     if (c->size < size || (best != nullptr && c->size >= best->size)) return;
@@ -261,7 +261,7 @@ std::vector<std::uint32_t> CachingAllocator::Impl::MappedHandles::coarse_under(
       continue;
     }
     const HandleSlot& h = handles_[slot_of(page)];
-    if (h.granules <= fine_limit_) {
+    if (h.granules <= handle_limit_) {
       i = h.first + h.granules;
       continue;
     }
@@ -299,33 +299,12 @@ void CachingAllocator::Impl::MappedHandles::make_finer(StreamPool& pool, Block& 
   ++a_.num_handle_splits_;
 }
 
-// Whether the engine is near the limit, from what the device and the limit have left now.
-void CachingAllocator::Impl::MappedHandles::update_tight() {
-  static const bool kgeo = std::getenv("CISTERN_EXP_K") != nullptr;
-  if (kgeo) return;
-  static const bool sticky = std::getenv("CISTERN_EXP_STICKY") != nullptr;
-  static const bool mfc = std::getenv("CISTERN_EXP_MF_CONSTRAINED") != nullptr;
-  a_.tight_.store((headroom() < fine_margin() && (!mfc || constrained_)) || (sticky && constrained_), std::memory_order_relaxed);
-}
-
 // A new expandable segment (address space only), or nullptr when the device has no address space
 // left or refused the engine at its first growth.
 Block* CachingAllocator::Impl::MappedHandles::new_segment(StreamPool& pool, std::size_t size,
                                                           bool small) {
-  static const std::size_t small_range = [] {
-    const char* t = std::getenv("CISTERN_EXP_SMALL_SEG_MB");
-    return t ? static_cast<std::size_t>(std::atoll(t)) << 20 : kSmallRange;
-  }();
-  static const std::size_t large_range = [] {
-    const char* t = std::getenv("CISTERN_EXP_LARGE_SEG_MB");
-    return t ? static_cast<std::size_t>(std::atoll(t)) << 20 : kLargeRange;
-  }();
-  static const bool own_big = std::getenv("CISTERN_EXP_OWN_BIG") != nullptr;
-  std::size_t bytes =
-      round_up(std::max(a_.policy_.segment_size(size), small ? small_range : large_range), g_);
-  if (own_big && !small && size >= a_.config_.min_large_alloc) {
-    bytes = round_up(a_.policy_.segment_size(size), g_);
-  }
+  const std::size_t bytes =
+      round_up(std::max(a_.policy_.segment_size(size), small ? kSmallRange : kLargeRange), g_);
   void* va = nullptr;
   const Status status = a_.device_.reserve(bytes, 0, &va);
   if (status == Status::out_of_memory || refused(status, DeviceOp::reserve)) return nullptr;
@@ -340,8 +319,8 @@ Block* CachingAllocator::Impl::MappedHandles::new_segment(StreamPool& pool, std:
 // once. Any other failure, and any failure after a first growth, is an error of the request.
 bool CachingAllocator::Impl::MappedHandles::refused(Status status, DeviceOp op) {
   if (grown_ || status != Status::not_supported) return false;
-  a_.refusal_ = fmt::format("{} failed: {}: {}", to_string(op), to_string(status),
-                            a_.device_.last_error());
+  a_.refusal_ =
+      fmt::format("{} failed: {}: {}", to_string(op), to_string(status), a_.device_.last_error());
   return true;
 }
 
@@ -357,27 +336,31 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
   if (a_.tight_.load(std::memory_order_relaxed)) make_finer(pool, b, first, last);
   if (seg.unmapped_pages == 0) return true;
   const std::size_t limit = (b.addr + b.size - seg.base + g_ - 1) / g_;
-  const bool open_left = (b.addr - seg.base) % g_ != 0;
-  const bool open_right = (b.addr + used_part(b, size, small) - seg.base) % g_ != 0;
-  const std::vector<PlannedHandle> planned =
-      plan(seg, first, last, limit, small, open_left, open_right);
+  const auto held = static_cast<std::size_t>(pool.stats().current(
+      StatKind::reserved_bytes, small ? StatPool::small_pool : StatPool::large_pool));
+  const std::vector<PlannedHandle> planned = plan(seg, first, last, limit, small, held);
   if (planned.empty()) return true;
   std::vector<std::uint32_t> slots;
   if (!create(planned, slots, pool, Keep{&seg, first, last}, reclaim)) return false;
   return map_planned(pool, seg, planned, slots);
 }
 
-// The handles that back granules [first, last) of `seg` (the unmapped ones), and with room to
-// spare some of [last, limit): with room, one handle per run of unmapped granules (at most
-// max_handle_size, the last one extended to the pool's handle size over unmapped granules of the
-// block); near the limit, one handle per granule of [first, last) and nothing more.
-std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(const Segment& seg,
-                                                                       std::size_t first,
-                                                                       std::size_t last,
-                                                                       std::size_t limit,
-                                                                       bool small,
-                                                                       bool open_left,
-                                                                       bool open_right) {
+// The handles that back the unmapped granules of [first, last) of `seg` - the part of a free
+// block a request takes, `limit` the block's end - sized by the room the device and the limit
+// leave after them (`after`):
+//  * a handle is at most after / kHandleDivisor (one granule at least, max_handle_size at most),
+//    so that the closer the engine is to the limit, the closer its handles follow the blocks, and
+//    whatever a block leaves free can go back; with room to spare, one handle per run;
+//  * near the limit a run is cut into at most kMaxPieces handles, so that a large block does not
+//    cost a mapping per granule when the handles under it could only ever go back together;
+//  * with room, the last run extends over the unmapped granules of the block that follow it, up
+//    to after / kExtensionDivisor (at least the pool's handle size, at most kMaxExtension), as a
+//    classic segment is obtained whole: the next blocks cut from the block need no call.
+// `tight_` (the slow path's make_finer) is set when a handle of the pool's size would no longer
+// fit the limit on handles and a growth has had to reclaim before.
+std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
+    const Segment& seg, std::size_t first, std::size_t last, std::size_t limit, bool small,
+    std::size_t held) {
   std::vector<GranuleRun> runs;
   std::size_t need = 0;
   for (std::size_t i = first; i < last;) {
@@ -393,97 +376,45 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(const Seg
   }
   std::vector<PlannedHandle> planned;
   if (runs.empty()) return planned;
-  const std::size_t unit = std::max<std::size_t>(
-      1, round_up(small ? a_.config_.small_handle_size : a_.config_.large_handle_size, g_) / g_);
-  std::size_t cap = SIZE_MAX;
-  if (a_.config_.max_handle_size != 0) {
-    cap = std::max(unit, round_up(a_.config_.max_handle_size, g_) / g_);
-  } else if (a_.config_.release_threshold != SIZE_MAX) {
-    cap = unit;  // memory goes back in these steps
-  }
-  // The spare: unmapped granules of the block right after the last run, up to the handle size.
-  GranuleRun& tail = runs.back();
-  std::size_t extended = tail.end;
-  if (tail.end == last) {
-    while (extended < limit && extended - tail.first < unit && seg.pages[extended] == kNoPage) {
-      ++extended;
-    }
-  }
-  const std::size_t spare = extended - tail.end;
+  const std::size_t unit = unit_granules(small);
   const std::size_t room = headroom();
-  static const bool sticky = std::getenv("CISTERN_EXP_STICKY") != nullptr;
-  const bool near_limit = room < (need + spare) * g_ + fine_margin() || (sticky && constrained_);
-  static const bool mfc = std::getenv("CISTERN_EXP_MF_CONSTRAINED") != nullptr;
-  a_.tight_.store(near_limit && (!mfc || constrained_), std::memory_order_relaxed);
-  static const std::size_t kgeo = [] {
-    const char* t = std::getenv("CISTERN_EXP_K");
-    return t ? static_cast<std::size_t>(std::atoll(t)) : std::size_t{0};
-  }();
-  if (kgeo != 0) {
-    const std::size_t after = room > need * g_ ? room - need * g_ : 0;
-    static const bool lazy = std::getenv("CISTERN_EXP_LAZY") != nullptr;
-    static const std::size_t keager = [] {
-      const char* t = std::getenv("CISTERN_EXP_KEAGER");
-      return t ? static_cast<std::size_t>(std::atoll(t)) : std::size_t{0};
-    }();
-    const std::size_t kuse = keager != 0 && !constrained_ ? keager : kgeo;
-    const std::size_t limit_granules =
-        lazy && !constrained_ ? SIZE_MAX / 2 : std::max<std::size_t>(1, after / (kuse * g_));
-    static const std::size_t kext = [] {
-      const char* t = std::getenv("CISTERN_EXP_KEXT");
-      return t ? static_cast<std::size_t>(std::atoll(t)) : std::size_t{0};
-    }();
-    if (kext != 0) {
-      const std::size_t ext_unit = std::min<std::size_t>(after / (kext * g_), 256);
-      extended = tail.end;
-      if (tail.end == last) {
-        while (extended < limit && extended - tail.first < ext_unit &&
-               seg.pages[extended] == kNoPage) {
-          ++extended;
-        }
-      }
-    }
-    fine_limit_ = limit_granules;
-    a_.tight_.store(limit_granules < unit && (!mfc || constrained_), std::memory_order_relaxed);
-    static const bool noext = std::getenv("CISTERN_EXP_NOEXT") != nullptr;
-    if (limit_granules >= unit && !noext) {
-      tail.end = extended;
-    }
-    static const bool aligned = std::getenv("CISTERN_EXP_ALIGNED") != nullptr;
-    const std::size_t piece = std::min(cap, limit_granules);
-    for (const GranuleRun& r : runs) {
-      if (aligned && r.end - r.first > piece) {
-        // Near the limit: the granules the block shares with a neighbour get handles of their
-        // own, its interior one handle.
-        std::size_t lo = r.first;
-        std::size_t hi = r.end;
-        if (open_left && lo == first) planned.push_back({lo++, 1});
-        const bool right = open_right && hi == last && hi > lo;
-        if (right) --hi;
-        for (std::size_t i = lo; i < hi; i += std::min(cap, hi - i)) {
-          planned.push_back({i, std::min(cap, hi - i)});
-        }
-        if (right) planned.push_back({hi, 1});
-        continue;
-      }
-      for (std::size_t i = r.first; i < r.end; i += std::min(piece, r.end - i)) {
-        planned.push_back({i, std::min(piece, r.end - i)});
-      }
-    }
-    return planned;
+  const std::size_t after = room > need * g_ ? room - need * g_ : 0;
+  const std::size_t largest =
+      std::min(cap_granules(), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
+  handle_limit_ = largest;
+  a_.tight_.store(constrained_ && largest < unit, std::memory_order_relaxed);
+  GranuleRun& tail = runs.back();
+  if (largest >= unit && tail.end == last) {
+    const std::size_t spread =
+        std::clamp<std::size_t>(std::min(after / kExtensionDivisor, held / kGrowthDivisor) / g_,
+                                unit, std::max(unit, kMaxExtension / g_));
+    const std::size_t reach =
+        tail.first + std::max(std::min(spread, largest), tail.end - tail.first);
+    while (tail.end < std::min(limit, reach) && seg.pages[tail.end] == kNoPage) ++tail.end;
   }
-  if (!near_limit) tail.end = extended;
   for (const GranuleRun& r : runs) {
-    static const std::size_t fine = [] {
-      const char* t = std::getenv("CISTERN_EXP_FINE_GRANULES");
-      return t ? static_cast<std::size_t>(std::atoll(t)) : std::size_t{1};
-    }();
-    const std::size_t piece = near_limit ? fine : cap;
+    const std::size_t length = r.end - r.first;
+    const std::size_t piece = std::max(largest, (length + kMaxPieces - 1) / kMaxPieces);
     for (std::size_t i = r.first; i < r.end; i += std::min(piece, r.end - i)) {
       planned.push_back({i, std::min(piece, r.end - i)});
     }
   }
   return planned;
+}
+
+// The pool's handle size in granules: the least a growth with room maps (small_handle_size,
+// large_handle_size).
+std::size_t CachingAllocator::Impl::MappedHandles::unit_granules(bool small) const noexcept {
+  const std::size_t bytes = small ? a_.config_.small_handle_size : a_.config_.large_handle_size;
+  return std::max<std::size_t>(1, round_up(bytes, g_) / g_);
+}
+
+// The largest handle the options allow, in granules: max_handle_size, or with a release
+// threshold the pool's handle size (memory goes back in those steps), else no limit.
+std::size_t CachingAllocator::Impl::MappedHandles::cap_granules() const noexcept {
+  if (a_.config_.max_handle_size != 0)
+    return std::max<std::size_t>(1, round_up(a_.config_.max_handle_size, g_) / g_);
+  return SIZE_MAX / 2;
 }
 
 // What the device and the limit have left for new handles (cudaMemGetInfo's free memory, which
@@ -498,42 +429,56 @@ std::size_t CachingAllocator::Impl::MappedHandles::headroom() {
   return room;
 }
 
-// How close to the limit handles become one granule each: a sixteenth of the memory the
-// allocator may hold (the device's, or the limit's when lower).
-std::size_t CachingAllocator::Impl::MappedHandles::fine_margin() const noexcept {
-  std::size_t total = a_.device_total_ != 0 ? a_.device_total_ : SIZE_MAX;
-  if (a_.allowed_ != SIZE_MAX) total = std::min(total, a_.allowed_);
-  if (total == SIZE_MAX) return 0;
-  static const std::size_t divisor = [] {
-    const char* text = std::getenv("CISTERN_EXP_FINE_DIV");
-    return text != nullptr ? static_cast<std::size_t>(std::atoll(text)) : std::size_t{16};
-  }();
-  static const std::size_t cap = [] {
-    const char* text = std::getenv("CISTERN_EXP_FINE_CAP_MB");
-    return text != nullptr ? static_cast<std::size_t>(std::atoll(text)) << 20 : SIZE_MAX;
-  }();
-  return divisor == 0 ? 0 : std::min(cap, total / divisor);
-}
-
 // Creates the planned handles (slots in `slots`, in order, not yet mapped). When the device or
 // the limit has no room for them and `reclaim` is set, handles under cached free blocks of any
-// pool are given back first (never those under `keep`, the granules the request needs), and all
-// of them once more if a creation still fails. False, with every handle of this call released,
-// when there is no room.
+// pool are unmapped first (never those under `keep`, the granules the request needs) - those of
+// a planned size to be mapped again here, the others released - and all of them once more if a
+// creation still fails. False, with every handle of this call released, when there is no room.
 bool CachingAllocator::Impl::MappedHandles::create(const std::vector<PlannedHandle>& planned,
                                                    std::vector<std::uint32_t>& slots,
                                                    StreamPool& pool, Keep keep, bool reclaim) {
   std::size_t total = 0;
-  for (const PlannedHandle& p : planned) total += p.granules * g_;
+  std::vector<std::size_t> sizes;
+  for (const PlannedHandle& p : planned) {
+    total += p.granules * g_;
+    sizes.push_back(p.granules);
+  }
   const std::size_t room = headroom();
   if (room < total) {
     // A creation the device would refuse costs as much as one it grants: ask it first.
     if (!reclaim) return false;
-    constrained_ = true;
-    this->reclaim(&pool, total - room, keep);
+    constrained_ = true;  // make_finer from the next growth on (plan() sets tight_)
+    reuse_ = &sizes;      // handles of the planned sizes are kept to be mapped again
+    try {
+      this->reclaim(&pool, total - room, keep);
+    } catch (...) {
+      reuse_ = nullptr;
+      release_spares();
+      throw;
+    }
+    reuse_ = nullptr;
   }
+  bool ok = false;
+  try {
+    ok = create_or_reuse(planned, slots, pool, keep, reclaim);
+  } catch (...) {
+    release_spares();
+    throw;
+  }
+  release_spares();
+  return ok;
+}
+
+// create's loop: each planned handle from the handles this growth's reclaim kept, else created.
+bool CachingAllocator::Impl::MappedHandles::create_or_reuse(
+    const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots, StreamPool& pool,
+    Keep keep, bool reclaim) {
   bool reclaimed_all = !reclaim;
   for (const PlannedHandle& p : planned) {
+    if (const std::optional<std::uint32_t> spare = take_spare(p.granules)) {
+      slots.push_back(*spare);
+      continue;
+    }
     const std::size_t bytes = p.granules * g_;
     for (;;) {
       Status status = Status::out_of_memory;
@@ -546,6 +491,10 @@ bool CachingAllocator::Impl::MappedHandles::create(const std::vector<PlannedHand
         ++a_.num_device_alloc_;
         break;
       }
+      if (status == Status::out_of_memory && !spares_.empty()) {
+        release_spares();  // kept for sizes that turned out not to come: room instead
+        continue;
+      }
       if (status == Status::out_of_memory && !reclaimed_all) {
         reclaimed_all = true;
         if (this->reclaim(&pool, SIZE_MAX, keep) != 0) continue;
@@ -555,10 +504,10 @@ bool CachingAllocator::Impl::MappedHandles::create(const std::vector<PlannedHand
       if (status == Status::out_of_memory || refused(status, DeviceOp::create_physical)) {
         return false;
       }
-      throw DeviceError(to_string(DeviceOp::create_physical),
-                        fmt::format("cistern: device {}: create_physical({}): {}: {}",
-                                    a_.device_.index(), format_bytes(bytes), to_string(status),
-                                    what));
+      throw DeviceError(
+          to_string(DeviceOp::create_physical),
+          fmt::format("cistern: device {}: create_physical({}): {}: {}", a_.device_.index(),
+                      format_bytes(bytes), to_string(status), what));
     }
   }
   return true;
@@ -673,9 +622,8 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t wa
   std::vector<Victim> victims = free_handles(keep);
   const auto bytes_of = [&](const Victim& v) { return handles_[v.slot].granules * g_; };
   if (want != SIZE_MAX) {
-    std::stable_sort(victims.begin(), victims.end(), [&](const Victim& x, const Victim& y) {
-      return bytes_of(x) > bytes_of(y);
-    });
+    std::stable_sort(victims.begin(), victims.end(),
+                     [&](const Victim& x, const Victim& y) { return bytes_of(x) > bytes_of(y); });
     const auto alone = std::find_if(victims.rbegin(), victims.rend(),
                                     [&](const Victim& v) { return bytes_of(v) >= want; });
     if (alone != victims.rend()) {
@@ -696,7 +644,7 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t wa
     return hx.first < hy.first;
   });
   std::size_t released = 0;
-  std::size_t refused = 0;
+  const std::size_t failed_before = failed_releases_;
   for (std::size_t i = 0; i < victims.size();) {
     StreamPool& pool = *a_.pools_.all()[victims[i].pool];
     a_.wait_for_stream(pool.stream);
@@ -708,15 +656,12 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t wa
              handles_[victims[j].slot].segment == &seg) {
         group.push_back(victims[j++].slot);
       }
-      const std::size_t gone = unmap_and_release(pool, seg, group, Unmap::reclaim);
-      released += gone;
-      for (const std::uint32_t slot : group) refused += handles_[slot].live ? 1 : 0;
+      released += unmap_and_release(pool, seg, group, Unmap::reclaim);
     }
     i = j;
   }
-  if (failures != nullptr) *failures += refused;
+  if (failures != nullptr) *failures += failed_releases_ - failed_before;
   a_.num_pages_reclaimed_ += static_cast<std::int64_t>(released / g_);
-  if (released != 0) update_tight();
   return released;
 }
 
@@ -748,11 +693,38 @@ std::size_t CachingAllocator::Impl::MappedHandles::unmap_and_release(
     a_.record(HistoryEntry::Action::segment_unmap, va, bytes, pool.stream, why == Unmap::reclaim);
     for (std::size_t k = i; k < j; ++k) {
       handles_.unplace(slots[k]);
+      const std::size_t granules = handles_[slots[k]].granules;
+      const auto wanted = reuse_ == nullptr ? std::vector<std::size_t>::iterator{}
+                                            : std::find(reuse_->begin(), reuse_->end(), granules);
+      if (reuse_ != nullptr && wanted != reuse_->end()) {
+        reuse_->erase(wanted);
+        spares_.push_back(slots[k]);  // mapped again by the growth that reclaimed it
+        released += granules * g_;
+        continue;
+      }
       released += release_slot(slots[k]);
     }
     i = j;
   }
   return released;
+}
+
+// A handle of exactly `granules` kept by this growth's reclaim, or none.
+std::optional<std::uint32_t> CachingAllocator::Impl::MappedHandles::take_spare(
+    std::size_t granules) {
+  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+    if (handles_[*it].granules != granules) continue;
+    const std::uint32_t slot = *it;
+    spares_.erase(it);
+    return slot;
+  }
+  return std::nullopt;
+}
+
+// Releases the handles this growth's reclaim kept and did not map again.
+void CachingAllocator::Impl::MappedHandles::release_spares() {
+  for (const std::uint32_t slot : spares_) release_slot(slot);
+  spares_.clear();
 }
 
 // Releases an unmapped handle; returns its bytes, or 0 when the device refused (the handle stays,
@@ -763,6 +735,7 @@ std::size_t CachingAllocator::Impl::MappedHandles::release_slot(std::uint32_t sl
   const Status status = a_.device_.release_physical(h.handle);
   if (status != Status::ok) {
     a_.last_release_error_ = fmt::format("{}: {}", to_string(status), a_.device_.last_error());
+    ++failed_releases_;
     return 0;
   }
   handles_.remove(slot);
@@ -856,7 +829,8 @@ void CachingAllocator::Impl::MappedHandles::trim() {
 // live handle placed in its segment over it, and a handle's granules all name it; handles are
 // multiples of the granularity; the reserved counter is the handles held, the address-space
 // counter the segments.
-void CachingAllocator::Impl::MappedHandles::check(const std::vector<const Segment*>& segments) const {
+void CachingAllocator::Impl::MappedHandles::check(
+    const std::vector<const Segment*>& segments) const {
   const auto fail = [](const std::string& what) {
     throw InvariantViolation("cistern::check: virtual-memory engine: " + what);
   };
@@ -893,8 +867,8 @@ void CachingAllocator::Impl::MappedHandles::check(const std::vector<const Segmen
       }
       for (std::size_t k = i; k < i + h.granules; ++k) {
         if (s->pages[k] != page) {
-          fail(fmt::format("segment {:#x} granule {} lies under handle {} but names {}", s->base,
-                           k, slot, s->pages[k]));
+          fail(fmt::format("segment {:#x} granule {} lies under handle {} but names {}", s->base, k,
+                           slot, s->pages[k]));
         }
       }
       ++placed;
@@ -903,10 +877,10 @@ void CachingAllocator::Impl::MappedHandles::check(const std::vector<const Segmen
     for (const Block* b = s->head; b != nullptr; b = b->next) {
       if (b->is_free()) continue;
       if (!s->pages_mapped(b->addr, b->addr + b->size)) {
-        fail(fmt::format("the {} block {:#x} lies on an unmapped granule",
-                         b->state == detail::BlockState::allocated ? "allocated"
-                                                                   : "pending or parked",
-                         b->addr));
+        fail(fmt::format(
+            "the {} block {:#x} lies on an unmapped granule",
+            b->state == detail::BlockState::allocated ? "allocated" : "pending or parked",
+            b->addr));
       }
     }
   }
