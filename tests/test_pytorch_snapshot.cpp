@@ -225,9 +225,10 @@ TEST(ReplaySnapshot, EveryPolicyRecordsItsRun) {
   }
 }
 
-/// A window under memory pressure: the 50 MiB block needs pages that only the cached 40 MiB
-/// block can give, and cistern's engine reclaims them (unmaps them to map them again) instead of
-/// failing. With `empty_cache`, the program empties the cache before the last allocation.
+/// A window under memory pressure: the 44 MiB block, placed after the 4 MiB one that follows the
+/// freed 40 MiB block, needs memory that only the cached 40 MiB block can give, and cistern's
+/// engine reclaims it (unmaps its handles to map them again) instead of failing. With
+/// `empty_cache`, the program empties the cache before the last allocation.
 trace::Trace pressure_trace(bool empty_cache) {
   trace::Trace t = small_trace();
   const auto event = [](trace::Op op, std::uint64_t id, std::uint64_t size, std::int64_t time) {
@@ -239,8 +240,8 @@ trace::Trace pressure_trace(bool empty_cache) {
     return e;
   };
   t.events = {event(trace::Op::alloc, 0, 40 * MiB, 10), event(trace::Op::alloc, 1, 1000, 20),
-              event(trace::Op::free, 0, 40 * MiB, 30), event(trace::Op::alloc, 2, 50 * MiB, 40),
-              event(trace::Op::free, 2, 50 * MiB, 50)};
+              event(trace::Op::alloc, 4, 4 * MiB, 25),  event(trace::Op::free, 0, 40 * MiB, 30),
+              event(trace::Op::alloc, 2, 44 * MiB, 40), event(trace::Op::free, 2, 44 * MiB, 50)};
   if (empty_cache) t.events.push_back(event(trace::Op::empty_cache, 0, 0, 60));
   t.events.push_back(event(trace::Op::alloc, 3, 8 * MiB, 70));
   return t;

@@ -586,8 +586,10 @@ TEST_P(SharedTraces, ReplaysUnderEveryPolicy) {
     ASSERT_TRUE(by[i].peak_reserved.has_value());
     EXPECT_GE(*by[i].peak_reserved, by[i].peak_live);
   }
-  // cistern never needs more than PyTorch's own rules on the same work.
-  EXPECT_LE(*by[0].peak_reserved, *by[1].peak_reserved);
+  // With room to spare the engine maps a growth ahead over its block, by at most a 1024th of the
+  // room (80 MiB on the 80 GiB device): so much more it may cache than PyTorch's own rules on the
+  // same work. What it needs is never more (CisternNeedsNoMoreCapacityThanTorch).
+  EXPECT_LE(*by[0].peak_reserved, *by[1].peak_reserved + 80 * GiB / 1024);
 }
 
 TEST_P(SharedTraces, CisternNeedsNoMoreCapacityThanTorch) {

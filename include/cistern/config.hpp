@@ -62,27 +62,29 @@ struct Config {
   /// PyTorch's `expandable_segments`: True turns the virtual-memory engine on (as `vmm:true`
   /// does, where the device supports virtual memory).
   bool expandable_segments = false;
-  /// The virtual-memory engine (`vmm`): physical memory in granule-sized pages, mapped into
-  /// reserved address ranges only where live blocks need it and reclaimed from cached free
-  /// blocks instead of running out of memory. `automatic`: on when the device supports virtual
-  /// memory (or `expandable_segments` is set), `on`: required, `off`: classic segments.
+  /// The virtual-memory engine (`vmm`): physical memory in whole handles, sized by the room the
+  /// device leaves, mapped into reserved address ranges only where blocks need it and reclaimed
+  /// from cached free blocks instead of running out of memory. `automatic`: on when the device
+  /// supports virtual memory (classic segments if it refuses the engine at its first growth),
+  /// `on`: required, `off`: classic segments.
   enum class Vmm : std::uint8_t { automatic, on, off };
   Vmm vmm = Vmm::automatic;
-  /// Bytes of unused physical memory (unmapped pages, and pages inside cached free blocks) the
-  /// engine keeps; above it, whole pages and handles go back to the device after a free
-  /// (`release_threshold_mb`, as `cudaMemPoolAttrReleaseThreshold`). SIZE_MAX: unlimited.
+  /// Bytes of unused physical memory (handles inside cached free blocks) the engine keeps; above
+  /// it, whole handles go back to the device after a free (`release_threshold_mb`, as
+  /// `cudaMemPoolAttrReleaseThreshold`); handles are then at most the pool's handle size.
+  /// SIZE_MAX: unlimited.
   std::size_t release_threshold = SIZE_MAX;
-  /// Smallest physical handle the engine creates for the small pool (`small_handle_size_mb`); a
-  /// growth that needs more pages gets one handle holding them all. Rounded up to the device's
+  /// The least a growth of the small pool maps when the device has room (`small_handle_size_mb`):
+  /// the handle extends over the free rest of its block to this size. Rounded up to the device's
   /// granularity.
   std::size_t small_handle_size = 2u << 20;
-  /// Smallest physical handle the engine creates for the large pool (`large_handle_size_mb`;
-  /// PyTorch maps 20 MiB handles there); a growth that needs more gets one handle for it all.
+  /// The same for the large pool (`large_handle_size_mb`); there a growth extends by up to an
+  /// eighth of what the pool holds (a 1024th of the room left at most).
   std::size_t large_handle_size = 8u << 20;
-  /// Largest physical handle the engine creates (`max_handle_size_mb`). 0 (`auto`): one handle
-  /// per growth, as large as the pages it needs - creation is the expensive call, and a classic
-  /// allocator makes one cudaMalloc per segment - or, with a release threshold, handles of the
-  /// two sizes above, so that memory can go back in those steps (a handle returns whole).
+  /// Largest physical handle the engine creates (`max_handle_size_mb`). 0 (`auto`): at most a
+  /// 32nd of the room the device and the limit leave after it - one handle per growth with room
+  /// to spare (the driver prices access grants and unmaps per mapping), handles that follow the
+  /// blocks near the limit - or, with a release threshold, the pool's handle size.
   std::size_t max_handle_size = 0;
   /// Let a stream take a whole cached segment from another stream's pool, ordering itself after
   /// that stream's work with an event, before asking the device (`cross_stream_reuse`).

@@ -190,10 +190,15 @@ class CachingAllocator::Impl {
     virtual bool release_segment(detail::StreamPool& pool, detail::Block* b) = 0;
     /// After release_cache returned the whole free segments: gives back what cached free blocks
     /// of the remaining segments hold (the engine's handles under them). All pool locks held.
+    /// `asked`: the program asked (empty_cache), rather than the allocator's out-of-memory path.
     /// Returns how many releases failed.
-    virtual std::size_t release_rest() = 0;
+    virtual std::size_t release_rest(bool asked) = 0;
     /// The engine with a release threshold: gives unused memory above it back (no pool lock held).
     virtual void trim() {}
+    /// Garbage collection, after the whole free segments: gives back up to `bytes` more of what
+    /// cached free blocks hold (the engine's handles under them). All pool locks held. Returns
+    /// the bytes given back.
+    virtual std::size_t collect(std::size_t /*bytes*/) { return 0; }
     /// Checks the backing's own structures against the segments (inside check()).
     virtual void check(const std::vector<const detail::Segment*>& segments) const = 0;
 
@@ -211,7 +216,7 @@ class CachingAllocator::Impl {
   /// it over while the device still has room.
   static constexpr std::uint64_t kTakeOverAge = 16;
   bool release_oversize(detail::StreamPool& pool, std::size_t size);
-  std::size_t release_cache(const detail::StreamPool* held);
+  std::size_t release_cache(const detail::StreamPool* held, bool asked = false);
   void collect_garbage(const detail::StreamPool* held);
   bool exceeds_limit(std::size_t more) const noexcept {
     return allowed_ != SIZE_MAX && reserved_bytes() + more > allowed_;

@@ -294,7 +294,9 @@ bool is_fraction(double value) { return value > 0.0 && value <= 1.0; }
 constexpr Option kOptions[] = {
     {"max_split_size_mb", "MiB or unlimited",
      "Blocks of at least this size are never split and smaller requests never use them, "
-     "which limits fragmentation at the cost of more segments; at least large_segment_size_mb.",
+     "which limits fragmentation at the cost of more segments; at least large_segment_size_mb. "
+     "Classic segments only: the engine ignores it (what a large free block does not use goes "
+     "back handle by handle) and its statistic still reports the value.",
      [](Config& c, const std::string& text) {
        c.max_split_size = text == "unlimited" ? SIZE_MAX : parse_mib(text);
      },
@@ -330,7 +332,8 @@ constexpr Option kOptions[] = {
      }},
     {kLargeSegmentKey, "MiB, > 10",
      "Segment size for requests between 1 MiB and 10 MiB (PyTorch's 20 MiB large buffer); "
-     "must be more than 10.",
+     "must be more than 10. Classic segments; the engine places such requests in 1 GiB address "
+     "ranges.",
      [](Config& c, const std::string& text) { c.large_segment_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.large_segment_size); },
      [](const Config& c) {
@@ -340,7 +343,8 @@ constexpr Option kOptions[] = {
      }},
     {"garbage_collection_threshold", "fraction in [0, 1)",
      "Frees cached blocks, oldest first, once reserved memory passes this fraction of the allowed "
-     "maximum (set by per_process_memory_fraction or memory_limit_mb); 0: off.",
+     "maximum (set by per_process_memory_fraction or memory_limit_mb); 0: off. With the engine, "
+     "also the handles under cached free blocks, largest first.",
      [](Config& c, const std::string& text) {
        // PyTorch rejects 0; cistern reads it as "off" so that the default can be written.
        const double threshold = parse_real(text, kThresholdRange);
@@ -358,15 +362,16 @@ constexpr Option kOptions[] = {
      [](Config& c, const std::string& text) { c.expandable_segments = parse_bool(text); },
      [](const Config& c) { return bool_text(c.expandable_segments); }, nullptr},
     {"vmm", "auto, True or False",
-     "The virtual-memory engine: physical memory in pages mapped only where live blocks need "
-     "them, reclaimed from cached free blocks before running out of memory; auto: on when the "
-     "device supports virtual memory (SimDevice, CudaVmmDevice), True: required, False: classic "
-     "segments.",
+     "The virtual-memory engine: physical memory in whole handles mapped only where blocks need "
+     "them, sized by the room left, reclaimed from cached free blocks before running out of "
+     "memory; auto: on where the device supports virtual memory (SimDevice, CudaVmmDevice), with "
+     "classic segments instead if the device refuses it at the first growth; True: required; "
+     "False: classic segments.",
      [](Config& c, const std::string& text) { c.vmm = parse_vmm(text); },
      [](const Config& c) { return vmm_text(c.vmm); }, nullptr},
     {"release_threshold_mb", "MiB or unlimited",
-     "With the engine: unused physical memory (unmapped pages and pages inside cached free "
-     "blocks) kept after a free; above it, pages and whole handles go back to the device.",
+     "With the engine: unused physical memory (handles inside cached free blocks) kept after a "
+     "free; above it, whole handles go back to the device. Classic segments: no effect.",
      [](Config& c, const std::string& text) {
        c.release_threshold = text == "unlimited" ? SIZE_MAX : parse_mib(text);
      },
@@ -376,20 +381,22 @@ constexpr Option kOptions[] = {
      },
      nullptr},
     {"small_handle_size_mb", "MiB, > 0",
-     "With the engine: the smallest physical handle created for the small pool.",
+     "With the engine: the least a growth of the small pool maps when the device has room (it "
+     "extends over the free rest of its block); near the limit handles are smaller.",
      [](Config& c, const std::string& text) { c.small_handle_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.small_handle_size); },
      [](const Config& c) { return positive_size(c.small_handle_size); }},
     {"large_handle_size_mb", "MiB, > 0",
-     "With the engine: the smallest physical handle created for the large pool (PyTorch maps "
-     "20 MiB handles there).",
+     "With the engine: the least a growth of the large pool maps when the device has room (it "
+     "extends over the free rest of its block, by up to an eighth of what the pool holds); near "
+     "the limit handles are smaller.",
      [](Config& c, const std::string& text) { c.large_handle_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.large_handle_size); },
      [](const Config& c) { return positive_size(c.large_handle_size); }},
     {"max_handle_size_mb", "MiB or auto",
-     "With the engine: the largest physical handle created; auto: one handle per growth, as "
-     "large as the pages it needs (creation is the expensive call), or handles of the sizes "
-     "above when release_threshold_mb is set (a handle goes back to the device whole).",
+     "With the engine: the largest physical handle created; auto: at most a 32nd of the room the "
+     "device and the limit leave after it (one per growth with room to spare: the driver's cost "
+     "is per mapping), at most 12 per growth.",
      [](Config& c, const std::string& text) {
        if (text == "auto") {
          c.max_handle_size = 0;

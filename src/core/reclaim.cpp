@@ -99,7 +99,7 @@ bool CachingAllocator::Impl::release_oversize(StreamPool& pool, std::size_t size
 // device, and what the backing holds under the cached free blocks of the others (the engine's
 // handles; PyTorch unmaps the free pages of its expandable segments here too). `held`: a pool
 // whose lock the caller holds. Returns how many releases failed.
-std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held) {
+std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held, bool asked) {
   AllPoolsLock locks(pools_, held);
   ++num_sync_all_streams_;
   for (const auto& pool : pools_.all()) {
@@ -117,12 +117,12 @@ std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held) {
       }
     }
   }
-  return failures + backing_->release_rest();
+  return failures + backing_->release_rest(asked);
 }
 
 void CachingAllocator::Impl::empty_cache() {
   std::lock_guard<std::mutex> global(mutex_);
-  const std::size_t failures = release_cache(nullptr);
+  const std::size_t failures = release_cache(nullptr, /*asked=*/true);
   if (failures != 0) {
     throw DeviceError("deallocate",
                       fmt::format("cistern: empty_cache: {} segment(s) or handle(s) could not be "
@@ -134,7 +134,8 @@ void CachingAllocator::Impl::empty_cache() {
 // Pool `held` locked. PyTorch's garbage collection: when reserved memory is above the threshold
 // fraction of the allowed maximum, free whole cached large segments that have gone unused the
 // longest (age = lookups of their pool since they were cached), oldest-first by rounds of the
-// average age, until back under the threshold.
+// average age, until back under the threshold; then, with the engine, handles under cached free
+// blocks (largest first) for what is still above it.
 void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
   if (allowed_ == SIZE_MAX) return;  // as in PyTorch, only with a fraction or a limit
   const auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
@@ -174,6 +175,9 @@ void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
     }
     if (!progress) break;
   }
+  // The engine: handles under free blocks of the segments that stay (cached memory there is
+  // not a whole segment, so PyTorch's rounds above never reach it).
+  if (reclaimed < target) backing_->collect(target - reclaimed);
 }
 
 // Blocks until the work submitted to `stream` so far has completed, through an event that is

@@ -57,7 +57,7 @@ class CachingAllocator::Impl::Segments final : public Backing {
     return true;
   }
 
-  std::size_t release_rest() override { return 0; }
+  std::size_t release_rest(bool /*asked*/) override { return 0; }
 
   // Reserved memory is the segments held.
   void check(const std::vector<const detail::Segment*>& /*segments*/) const override {

@@ -122,8 +122,11 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   }
 
   bool release_segment(StreamPool& pool, Block* b) override;
-  std::size_t release_rest() override;
+  std::size_t release_rest(bool asked) override;
   void trim() override;
+  std::size_t collect(std::size_t bytes) override {
+    return reclaim_locked(bytes, Keep{}, nullptr, Unmap::release);
+  }
   void check(const std::vector<const Segment*>& segments) const override;
 
  private:
@@ -146,7 +149,7 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
                                   std::size_t limit, bool small, std::size_t held);
   std::size_t headroom();
   std::size_t unit_granules(bool small) const noexcept;
-  std::size_t cap_granules() const noexcept;
+  std::size_t cap_granules(bool small) const noexcept;
   bool create(const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots,
               StreamPool& pool, Keep keep, bool reclaim);
   bool create_or_reuse(const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots,
@@ -160,7 +163,8 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   // Reclaim: handles lying entirely inside cached free blocks.
   enum class Unmap : bool { release, reclaim };  // why: to give memory back, or to make room
   std::size_t reclaim(const StreamPool* held, std::size_t want, Keep keep);
-  std::size_t reclaim_locked(std::size_t want, Keep keep, std::size_t* failures);
+  std::size_t reclaim_locked(std::size_t want, Keep keep, std::size_t* failures,
+                             Unmap why = Unmap::reclaim);
   std::vector<Victim> free_handles(Keep keep) const;
   std::size_t unmap_and_release(StreamPool& pool, Segment& seg,
                                 const std::vector<std::uint32_t>& slots, Unmap why);
@@ -380,7 +384,7 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
   const std::size_t room = headroom();
   const std::size_t after = room > need * g_ ? room - need * g_ : 0;
   const std::size_t largest =
-      std::min(cap_granules(), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
+      std::min(cap_granules(small), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
   handle_limit_ = largest;
   a_.tight_.store(constrained_ && largest < unit, std::memory_order_relaxed);
   GranuleRun& tail = runs.back();
@@ -411,9 +415,11 @@ std::size_t CachingAllocator::Impl::MappedHandles::unit_granules(bool small) con
 
 // The largest handle the options allow, in granules: max_handle_size, or with a release
 // threshold the pool's handle size (memory goes back in those steps), else no limit.
-std::size_t CachingAllocator::Impl::MappedHandles::cap_granules() const noexcept {
-  if (a_.config_.max_handle_size != 0)
+std::size_t CachingAllocator::Impl::MappedHandles::cap_granules(bool small) const noexcept {
+  if (a_.config_.max_handle_size != 0) {
     return std::max<std::size_t>(1, round_up(a_.config_.max_handle_size, g_) / g_);
+  }
+  if (a_.config_.release_threshold != SIZE_MAX) return unit_granules(small);
   return SIZE_MAX / 2;
 }
 
@@ -618,7 +624,8 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim(const StreamPool* hel
 // `failures`: where to count releases the device refused (their handles stay, unplaced, and count
 // as reserved until a later release succeeds); nullptr: not counted.
 std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t want, Keep keep,
-                                                                  std::size_t* failures) {
+                                                                  std::size_t* failures,
+                                                                  Unmap why) {
   std::vector<Victim> victims = free_handles(keep);
   const auto bytes_of = [&](const Victim& v) { return handles_[v.slot].granules * g_; };
   if (want != SIZE_MAX) {
@@ -656,7 +663,7 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t wa
              handles_[victims[j].slot].segment == &seg) {
         group.push_back(victims[j++].slot);
       }
-      released += unmap_and_release(pool, seg, group, Unmap::reclaim);
+      released += unmap_and_release(pool, seg, group, why);
     }
     i = j;
   }
@@ -792,10 +799,10 @@ bool CachingAllocator::Impl::MappedHandles::release_segment(StreamPool& pool, Bl
 
 // All pool locks held (release_cache): every handle under a cached free block of the segments
 // that stay, then every handle left unplaced by an earlier failed release.
-std::size_t CachingAllocator::Impl::MappedHandles::release_rest() {
+std::size_t CachingAllocator::Impl::MappedHandles::release_rest(bool asked) {
   std::size_t failures = 0;
   try {
-    reclaim_locked(SIZE_MAX, Keep{}, &failures);
+    reclaim_locked(SIZE_MAX, Keep{}, &failures, asked ? Unmap::release : Unmap::reclaim);
   } catch (const DeviceError& e) {
     a_.last_release_error_ = e.what();
     ++failures;
@@ -820,7 +827,7 @@ void CachingAllocator::Impl::MappedHandles::trim() {
   std::size_t unused = 0;
   for (const Victim& v : free_handles(Keep{})) unused += handles_[v.slot].granules * g_;
   if (unused <= threshold) return;
-  reclaim_locked(unused - threshold, Keep{}, nullptr);
+  reclaim_locked(unused - threshold, Keep{}, nullptr, Unmap::release);
 }
 
 // --- the invariants ---------------------------------------------------------------------------------------

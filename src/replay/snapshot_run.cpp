@@ -83,9 +83,9 @@ class RecordingDevice final : public ForwardingDevice {
   }
   // cistern's engine records its own segment_map / segment_unmap in the allocator's history
   // (`recorder_.history` is null then); an emulation's maps are recorded here.
-  Status map(void* va, std::size_t bytes, PhysicalHandle handle,
-             std::size_t offset) noexcept override {
-    const Status status = upstream().map(va, bytes, handle, offset);
+  Status map(void* va, PhysicalHandle handle) noexcept override {
+    const Status status = upstream().map(va, handle);
+    const std::size_t bytes = handle.bytes;
     if (status == Status::ok && recorder_.history != nullptr) {
       const auto addr = reinterpret_cast<std::uintptr_t>(va);
       note_pages(Action::segment_map, addr, bytes, held(addr, bytes));
