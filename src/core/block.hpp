@@ -84,21 +84,80 @@ struct Segment {
   static constexpr std::uint64_t kNoPage = ~std::uint64_t{0};
   static constexpr std::uint64_t kCoarse = std::uint64_t{1} << 62;
   std::vector<std::uint64_t> pages;
+  // Beside `pages`, one bit per granule: mapped, and (coarse_bits) on a handle of several
+  // granules, so that the cache-hit path tests a block's granules a 64-bit word at a time.
+  std::vector<std::uint64_t> mapped_bits;
+  std::vector<std::uint64_t> coarse_bits;
   std::size_t unmapped_pages = 0;
   std::size_t page_size = 0;
+  unsigned page_shift = 0;  // log2(page_size)
   bool expandable = false;
+  // Everything below this address is mapped (base + size for a classic segment): the cache-hit
+  // path's test of a block on the part of a range that has been mapped from its start, which is
+  // where blocks are cut, needs nothing else.
+  std::uintptr_t mapped_end = 0;
 
   /// Bytes of physical memory mapped into the segment (its size, for a classic one).
   std::size_t mapped_bytes() const noexcept {
     return expandable ? (pages.size() - unmapped_pages) * page_size : size;
   }
+  /// Recomputes mapped_end after granules were mapped or unmapped.
+  void update_mapped_end() noexcept {
+    std::size_t i = 0;
+    while (i < pages.size() && pages[i] != kNoPage) ++i;
+    mapped_end = base + i * page_size;
+  }
+  /// Sets what granule i of an expandable segment holds (a page id, or kNoPage), with its bits;
+  /// the caller keeps unmapped_pages and mapped_end.
+  void set_page(std::size_t i, std::uint64_t page) noexcept {
+    pages[i] = page;
+    const std::uint64_t bit = std::uint64_t{1} << (i & 63);
+    if (page == kNoPage) {
+      mapped_bits[i >> 6] &= ~bit;
+      coarse_bits[i >> 6] &= ~bit;
+    } else {
+      mapped_bits[i >> 6] |= bit;
+      if ((page & kCoarse) != 0) coarse_bits[i >> 6] |= bit;
+      else coarse_bits[i >> 6] &= ~bit;
+    }
+  }
+  /// The granules [first, last) that [lo, hi), a range of this segment, touches.
+  std::size_t first_page(std::uintptr_t lo) const noexcept { return (lo - base) >> page_shift; }
+  std::size_t end_page(std::uintptr_t hi) const noexcept {
+    return (hi - base + page_size - 1) >> page_shift;
+  }
   /// Whether every page under [lo, hi), a range of this segment, is mapped (always, classic).
   bool pages_mapped(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
     if (unmapped_pages == 0) return true;
-    for (std::size_t i = (lo - base) / page_size; base + i * page_size < hi; ++i) {
-      if (pages[i] == kNoPage) return false;
+    return all_set(mapped_bits, first_page(lo), end_page(hi));
+  }
+  /// Whether a page under [lo, hi) lies on a handle of several granules.
+  bool any_coarse(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
+    return any_set(coarse_bits, first_page(lo), end_page(hi));
+  }
+
+ private:
+  // Bits [first, last) of a bit vector, a word at a time.
+  static std::uint64_t word_mask(std::size_t w, std::size_t first, std::size_t last) noexcept {
+    const std::size_t lo = w == (first >> 6) ? (first & 63) : 0;
+    const std::size_t hi = w == ((last - 1) >> 6) ? ((last - 1) & 63) + 1 : 64;
+    const std::uint64_t upper = hi == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << hi) - 1;
+    return upper & ~((std::uint64_t{1} << lo) - 1);
+  }
+  static bool all_set(const std::vector<std::uint64_t>& bits, std::size_t first,
+                      std::size_t last) noexcept {
+    for (std::size_t w = first >> 6; w <= (last - 1) >> 6; ++w) {
+      const std::uint64_t mask = word_mask(w, first, last);
+      if ((bits[w] & mask) != mask) return false;
     }
     return true;
+  }
+  static bool any_set(const std::vector<std::uint64_t>& bits, std::size_t first,
+                      std::size_t last) noexcept {
+    for (std::size_t w = first >> 6; w <= (last - 1) >> 6; ++w) {
+      if ((bits[w] & word_mask(w, first, last)) != 0) return true;
+    }
+    return false;
   }
 };
 

@@ -22,16 +22,10 @@ namespace {
 // line so that the test of a fully mapped segment stays short.
 __attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, const Block& b,
                                            std::size_t size, bool small, bool tight) noexcept {
-  const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
   const detail::Segment& s = *b.segment;
-  const std::size_t g = s.page_size;
-  for (std::size_t i = (b.addr - s.base) / g; s.base + i * g < b.addr + used; ++i) {
-    const std::uint64_t page = s.pages[i];
-    if (page == detail::Segment::kNoPage || (tight && (page & detail::Segment::kCoarse) != 0)) {
-      return false;
-    }
-  }
-  return true;
+  if (!s.expandable) return true;
+  const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
+  return s.pages_mapped(b.addr, b.addr + used) && !(tight && s.any_coarse(b.addr, b.addr + used));
 }
 
 // Whether the cached block `b` can serve `size` on the hot path: always in a classic segment; in
@@ -42,7 +36,10 @@ __attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, con
 // a hit on mapped memory but the load of one flag.
 CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
                             bool small, bool tight) noexcept {
-  if (b.segment->unmapped_pages == 0 && !(tight && b.segment->expandable)) return true;
+  if (!tight) {
+    const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
+    if (b.addr + used <= b.segment->mapped_end) return true;
+  }
   return part_mapped(policy, b, size, small, tight);
 }
 

@@ -560,10 +560,11 @@ bool CachingAllocator::Impl::MappedHandles::map_planned(StreamPool& pool, Segmen
       handles_.place(slots[k], &seg, planned[k].first);
       const std::uint64_t page = slots[k] | (planned[k].granules > 1 ? kCoarse : 0);
       for (std::size_t p = planned[k].first; p < planned[k].first + planned[k].granules; ++p) {
-        seg.pages[p] = page;
+        seg.set_page(p, page);
       }
     }
     seg.unmapped_pages -= end - start;
+    seg.update_mapped_end();
     const std::size_t bytes = (end - start) * g_;
     pool.count_mapped(!seg.large, static_cast<std::int64_t>(bytes));
     a_.num_pages_mapped_ += static_cast<std::int64_t>(end - start);
@@ -693,8 +694,9 @@ std::size_t CachingAllocator::Impl::MappedHandles::unmap_and_release(
     const std::size_t bytes = (end - start) * g_;
     detail::check_device(a_.device_, a_.device_.unmap(reinterpret_cast<void*>(va), bytes),
                          DeviceOp::unmap);
-    for (std::size_t p = start; p < end; ++p) seg.pages[p] = kNoPage;
+    for (std::size_t p = start; p < end; ++p) seg.set_page(p, kNoPage);
     seg.unmapped_pages += end - start;
+    seg.mapped_end = std::min(seg.mapped_end, va);
     pool.count_mapped(!seg.large, -static_cast<std::int64_t>(bytes));
     a_.num_pages_unmapped_ += static_cast<std::int64_t>(end - start);
     a_.record(HistoryEntry::Action::segment_unmap, va, bytes, pool.stream, why == Unmap::reclaim);
@@ -851,6 +853,21 @@ void CachingAllocator::Impl::MappedHandles::check(
     }
     const auto unmapped =
         static_cast<std::size_t>(std::count(s->pages.begin(), s->pages.end(), kNoPage));
+    for (std::size_t i = 0; i < s->pages.size(); ++i) {
+      const bool mapped = (s->mapped_bits[i >> 6] >> (i & 63) & 1) != 0;
+      const bool coarse = (s->coarse_bits[i >> 6] >> (i & 63) & 1) != 0;
+      if (mapped != (s->pages[i] != kNoPage) ||
+          coarse != (mapped && (s->pages[i] & kCoarse) != 0)) {
+        fail(fmt::format("segment {:#x}: the bits of granule {} disagree with its page", s->base,
+                         i));
+      }
+    }
+    const std::uintptr_t mapped_end = s->mapped_end;
+    const_cast<Segment*>(s)->update_mapped_end();
+    if (mapped_end != s->mapped_end) {
+      fail(fmt::format("segment {:#x}: mapped_end {:#x} but the granules say {:#x}", s->base,
+                       mapped_end, s->mapped_end));
+    }
     if (unmapped != s->unmapped_pages) {
       fail(fmt::format("segment {:#x}: {} granules unmapped but counted {}", s->base, unmapped,
                        s->unmapped_pages));
