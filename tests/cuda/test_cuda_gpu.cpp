@@ -190,6 +190,81 @@ TEST(CudaGpu, CachingAllocatorOnTheVmmDeviceKeepsDataIntactUnderATightLimit) {
   EXPECT_EQ(cudaStreamDestroy(second), cudaSuccess);
 }
 
+// The engine on the real driver under a limit: random requests on two streams, each block
+// written with its own byte when it is handed out and read back (first and last bytes) before it
+// is freed, check() as it goes. Near the limit the engine reclaims handles across streams, gives
+// large free handles back under small requests and maps reclaimed handles again; none of it may
+// touch a live block's bytes, and the driver must accept every map and unmap it makes.
+TEST(CudaGpu, TheEngineKeepsEveryLiveBlockIntactNearTheLimit) {
+  CISTERN_REQUIRE_GPU();
+  CudaVmmDevice device;
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  for (cudaStream_t& s : streams) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  }
+  {
+    CachingAllocator allocator(device, Config::parse("vmm:true,memory_limit_mb:256"));
+    struct Live {
+      void* ptr;
+      std::size_t bytes;
+      int stream;
+      unsigned char value;
+    };
+    std::vector<Live> live;
+    std::uint64_t state = 42;
+    const auto next = [&state] {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return state >> 33;
+    };
+    std::size_t ooms = 0;
+    const auto verify_and_free = [&](std::size_t i) {
+      const Live l = live[i];
+      ASSERT_EQ(cudaStreamSynchronize(streams[l.stream]), cudaSuccess);
+      unsigned char ends[2] = {0, 0};
+      ASSERT_EQ(cudaMemcpy(&ends[0], l.ptr, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpy(&ends[1], static_cast<char*>(l.ptr) + l.bytes - 1, 1, cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      EXPECT_EQ(ends[0], l.value) << "first byte of a live block of " << l.bytes;
+      EXPECT_EQ(ends[1], l.value) << "last byte of a live block of " << l.bytes;
+      allocator.deallocate(l.ptr, streams[l.stream]);
+      live[i] = live.back();
+      live.pop_back();
+    };
+    for (int step = 0; step < 600; ++step) {
+      if (!live.empty() && (next() % 100 < 45 || live.size() > 40)) {
+        verify_and_free(next() % live.size());
+      } else {
+        const std::size_t kind = next() % 10;
+        const std::size_t bytes = kind < 4   ? 1 + next() % MiB
+                                  : kind < 8 ? MiB + next() % (12 * MiB)
+                                             : 12 * MiB + next() % (48 * MiB);
+        const int s = static_cast<int>(next() % 2);
+        const auto value = static_cast<unsigned char>(next() % 255 + 1);
+        try {
+          void* p = allocator.allocate(bytes, streams[s]);
+          ASSERT_EQ(cudaMemsetAsync(p, value, bytes, streams[s]), cudaSuccess);
+          live.push_back({p, bytes, s, value});
+        } catch (const OutOfMemory&) {
+          ++ooms;
+        }
+      }
+      if (step % 50 == 0) allocator.check();
+    }
+    while (!live.empty()) verify_and_free(live.size() - 1);
+    allocator.check();
+    EXPECT_GT(allocator.stats().num_pages_reclaimed, 0) << "the limit never made it reclaim";
+    std::printf("engine near the limit: %zu requests refused, %lld granules reclaimed\n", ooms,
+                static_cast<long long>(allocator.stats().num_pages_reclaimed));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    allocator.empty_cache();
+    EXPECT_EQ(allocator.reserved_bytes(), 0u);
+    EXPECT_EQ(device.live_mappings(), 0u);
+    EXPECT_EQ(device.live_physical(), 0u);
+  }
+  for (cudaStream_t s : streams) EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 TEST(CudaGpu, CachingAllocatorReusesMemoryAcrossStreamsSafely) {
   CISTERN_REQUIRE_GPU();
   CudaDevice device;
