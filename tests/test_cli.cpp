@@ -512,6 +512,31 @@ TEST_F(Cli, DeviceChoosesTheDeviceOfAMultiDeviceFormat) {
 
 // --- info ---------------------------------------------------------------------------------------
 
+// `cistern info --engine` makes the engine's first growth on a device and says whether it runs
+// there: on the simulated device with the defaults (one 8 MiB handle of four granules for the
+// 2 MiB probe), off with vmm:False, and exit 5 where --backend cuda finds no GPU.
+TEST_F(Cli, InfoEngineSaysWhetherTheEngineRunsOnADevice) {
+  const Outcome o = run("info --engine --capacity 8GiB");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("virtual memory            yes"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("on: its first growth created 1 handle(s) and mapped 4 granule(s)"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("num_vmm_fallbacks         0"), std::string::npos) << o.out;
+  const Outcome j = run("info --engine --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  const json doc = json::parse(j.out);
+  EXPECT_EQ(doc["device"], "sim:0 (80.00 GiB)");
+  EXPECT_EQ(doc["virtual_memory"], true);
+  EXPECT_EQ(doc["engine"], true);
+  EXPECT_EQ(doc["first_growth"]["handles_created"], 1);
+  EXPECT_EQ(run("info").code, 2);
+  const Outcome gpu = run("info --engine --backend cuda");
+  if (gpu.code == 0) GTEST_SKIP() << "this machine has a GPU: " << gpu.out;
+  EXPECT_EQ(gpu.code, 5) << gpu.err;
+  EXPECT_NE(gpu.err.find("no CUDA device can be used"), std::string::npos) << gpu.err;
+}
+
 TEST_F(Cli, InfoDescribesASnapshot) {
   REQUIRE_TRACES();
   const Outcome o = run("info " + quote(trace("pytorch/cs336_MAGMA27/memory_snapshot.pickle.gz")));

@@ -2,7 +2,9 @@
 //
 // `cistern info TRACE`: what a trace holds - format, devices, streams, events by kind, the
 // blocks live before the window, peak_live, PyTorch's recorded figures and a histogram of the
-// requested sizes - as text or JSON.
+// requested sizes - as text or JSON. `cistern info --engine`: whether cistern's virtual-memory
+// engine runs on a device (the simulated one, or a GPU with --backend cuda): its first growth is
+// made, as a program's first allocation would make it, and what happened is said.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -16,8 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "cistern/caching_allocator.hpp"
+#include "cistern/sim_device.hpp"
 #include "cistern/types.hpp"
 #include "cli/cli.hpp"
+#include "cli/device_replay.hpp"
 #include "cli/trace_args.hpp"
 #include "trace/readers.hpp"
 
@@ -28,6 +33,10 @@ struct InfoArgs {
   std::string trace;
   TraceArgs input;
   bool json = false;
+  bool engine = false;
+  std::string backend = "sim";
+  int gpu = 0;
+  std::string capacity = "80GiB";
 };
 
 /// Allocation sizes by power of two: bucket k holds sizes in [2^k, 2^(k+1)) (k = 0 holds 0 too).
@@ -236,7 +245,96 @@ nlohmann::ordered_json info_json(const trace::Trace& t, const std::vector<int>& 
   return j;
 }
 
+/// What `cistern info --engine` finds: the device, whether it offers virtual memory, and whether
+/// cistern's engine runs there with CISTERN_ALLOC_CONF's options after a first growth.
+nlohmann::ordered_json device_info(Device& device, const std::string& device_note) {
+  nlohmann::ordered_json j;
+  j["device"] = device.name();
+  MemoryInfo memory;
+  if (device.memory_info(&memory) == Status::ok) {
+    j["total_memory"] = memory.total;
+    j["free_memory"] = memory.free;
+  }
+  j["granularity"] = device.granularity();
+  j["virtual_memory"] = device.supports_virtual_memory();
+  j["device_note"] = device_note;
+  const Config config = Config::from_env();
+  CachingAllocator allocator(device, config);
+  // The first growth is where a device that lists virtual memory may still refuse it (MIG,
+  // vGPU): a 2 MiB request, freed and given back at once.
+  void* probe = allocator.allocate(2 * MiB, default_stream);
+  allocator.deallocate(probe, default_stream);
+  const Stats stats = allocator.stats();
+  allocator.empty_cache();
+  j["engine"] = allocator.uses_virtual_memory();
+  j["engine_note"] = allocator.virtual_memory_note();
+  j["num_vmm_fallbacks"] = stats.num_vmm_fallbacks;
+  j["first_growth"] = {{"handles_created", stats.num_handles_created},
+                       {"granules_mapped", stats.num_pages_mapped},
+                       {"segments_allocated", stats.num_device_alloc - stats.num_handles_created}};
+  return j;
+}
+
+std::string device_info_text(const nlohmann::ordered_json& j) {
+  std::string out = fmt::format("{}\n", j["device"].get<std::string>());
+  if (j.contains("total_memory")) {
+    out += fmt::format("  memory                    {} free of {}\n",
+                       format_bytes(j["free_memory"].get<std::uint64_t>()),
+                       format_bytes(j["total_memory"].get<std::uint64_t>()));
+  }
+  out += fmt::format("  granularity               {}\n",
+                     format_bytes(j["granularity"].get<std::uint64_t>()));
+  const std::string note = j["device_note"].get<std::string>();
+  const std::string vmm =
+      j["virtual_memory"].get<bool>() ? "yes" : "no" + (note.empty() ? "" : ": " + note);
+  out += fmt::format("  virtual memory            {}\n", vmm);
+  const std::string engine_note = j["engine_note"].get<std::string>();
+  if (j["engine"].get<bool>()) {
+    out += fmt::format(
+        "  cistern's engine          on: its first growth created {} handle(s) "
+        "and mapped {} granule(s)\n",
+        j["first_growth"]["handles_created"].get<std::int64_t>(),
+        j["first_growth"]["granules_mapped"].get<std::int64_t>());
+  } else {
+    const std::string why = engine_note.empty() ? "vmm:False (CISTERN_ALLOC_CONF)" : engine_note;
+    out += fmt::format("  cistern's engine          off: {}\n", why);
+  }
+  out +=
+      fmt::format("  num_vmm_fallbacks         {}\n", j["num_vmm_fallbacks"].get<std::int64_t>());
+  return out;
+}
+
+int run_device_info(const InfoArgs& args) {
+  std::unique_ptr<Device> device;
+  std::string note;
+  if (args.backend == "cuda") {
+    try {
+      DeviceBackend backend = open_cuda_backend(args.gpu, false);
+      device = std::move(backend.device);
+      note = backend.note;
+    } catch (const DeviceError& e) {
+      std::cerr << e.what() << "\n";  // the message names cistern already
+      return kExitNoDevice;
+    }
+  } else {
+    SimDeviceOptions options;
+    options.capacity = parse_bytes(args.capacity);
+    device = std::make_unique<SimDevice>(options);
+  }
+  const nlohmann::ordered_json j = device_info(*device, note);
+  if (args.json) {
+    std::cout << j.dump(2) << '\n';
+  } else {
+    std::cout << device_info_text(j);
+  }
+  return kExitOk;
+}
+
 int run_info(const InfoArgs& args) {
+  if (args.engine) return run_device_info(args);
+  if (args.trace.empty()) {
+    throw UsageError("info: give a trace, or --engine to describe a device");
+  }
   const trace::ReadOptions options = read_options(args.input);
   const trace::Trace t = trace::read_trace(args.trace, options);
   trace::ReadOptions listing = options;
@@ -257,7 +355,16 @@ Command add_info_command(CLI::App& parent) {
       "info",
       "Describe a trace: format, devices, streams, events, blocks live before the window, "
       "peak_live, PyTorch's recorded reserved memory, and a histogram of allocation sizes");
-  app->add_option("trace", args->trace, "The trace file")->required();
+  app->add_option("trace", args->trace, "The trace file");
+  app->add_flag("--engine", args->engine,
+                "Describe a device instead of a trace: its memory, whether it offers virtual "
+                "memory, and whether cistern's engine runs there with CISTERN_ALLOC_CONF's "
+                "options (its first growth is made and said)");
+  app->add_option("--backend", args->backend, "--engine: sim (the simulated device) or cuda")
+      ->check(CLI::IsMember({"sim", "cuda"}));
+  app->add_option("--gpu", args->gpu, "--engine --backend cuda: the CUDA device ordinal")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--capacity", args->capacity, "--engine --backend sim: the simulated capacity");
   add_trace_options(*app, args->input);
   app->add_flag("--json", args->json, "Print JSON instead of text");
   app->footer(kExitCodesHelp);

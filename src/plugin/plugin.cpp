@@ -221,6 +221,7 @@ Attempt attempt_malloc(std::size_t size, int device, cistern_stream_t stream) no
         require_known_stream(state, device, Stream(stream), "malloc");
         try {
           attempt.ptr = allocator.allocate(size, Stream(stream));
+          state.note_fallback(device);
         } catch (const OutOfMemory& e) {
           // A size no device has is refused before the device is asked: its own message says so.
           if (e.info().device_total == 0) throw;

@@ -165,10 +165,21 @@ DeviceAllocator& PluginState::allocator(int device) {
   slot->device = open_device(device);
   slot->sim = dynamic_cast<SimDevice*>(slot->device.get());
   slot->allocator = make_allocator(*slot->device, config_);
+  slot->engine = slot->allocator->uses_virtual_memory();
   if (history_) slot->allocator->record_history(true, history_entries_);
   slots_[index] = std::move(slot);
   published_[index].store(slots_[index].get(), std::memory_order_release);
   return *slots_[index]->allocator;
+}
+
+void PluginState::report_fallback(Slot& slot) noexcept {
+  if (!slot.engine.exchange(false)) return;  // said already
+  try {
+    std::fprintf(stderr, "cistern: %s: %s\n", slot.device->name().c_str(),
+                 slot.allocator->virtual_memory_note().c_str());
+  } catch (...) {
+    // Out of host memory for the message: the statistic num_vmm_fallbacks still says it.
+  }
 }
 
 DeviceAllocator* PluginState::existing(int device) noexcept {

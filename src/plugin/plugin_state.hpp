@@ -74,6 +74,16 @@ class PluginState {
   DeviceAllocator& allocator(int device);
   /// The allocator of `device` if it exists, else nullptr. Never throws.
   DeviceAllocator* existing(int device) noexcept;
+  /// After an allocation on `device`: when its allocator has just fallen back from the
+  /// virtual-memory engine to classic segments (the device refused the engine at its first
+  /// growth), says so on stderr, once. One relaxed load otherwise.
+  void note_fallback(int device) noexcept {
+    Slot* slot = published_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+    if (slot != nullptr && slot->engine.load(std::memory_order_relaxed) &&
+        !slot->allocator->uses_virtual_memory()) {
+      report_fallback(*slot);
+    }
+  }
   /// Every allocator that exists, by ordinal.
   std::vector<DeviceAllocator*> all();
   /// The simulated device of `device` (created with its allocator). Throws `InvalidArgument`
@@ -91,7 +101,10 @@ class PluginState {
     std::unique_ptr<Device> device;
     SimDevice* sim = nullptr;  ///< device, when simulated
     std::unique_ptr<DeviceAllocator> allocator;
+    /// The engine runs and has not been seen to fall back (cleared once it has been said).
+    std::atomic<bool> engine{false};
   };
+  static void report_fallback(Slot& slot) noexcept;
   void read_environment();                          // mutex_ held
   std::unique_ptr<Device> open_device(int device);  // mutex_ held
   static void check_ordinal(int device);
