@@ -690,5 +690,78 @@ TEST(EngineHandles, RandomWorkNearTheLimitOnlyEverMapsAndUnmapsWholeHandles) {
   }
 }
 
+// --- the options that live on the miss path, under the engine -------------------------------------
+
+// Garbage collection: above the threshold, whole free segments go first (PyTorch's rounds); what
+// is still above it goes as handles under cached free blocks of the segments that stay.
+TEST(EngineOptions, GarbageCollectionGivesBackHandlesUnderFreeBlocks) {
+  for (const bool collect : {false, true}) {
+    SCOPED_TRACE(collect ? "garbage_collection_threshold:0.5" : "no garbage collection");
+    SimDevice device(sim_options(1 * GiB));
+    CachingAllocator alloc(device,
+                           Config::parse(std::string("vmm:True,memory_limit_mb:100") +
+                                         (collect ? ",garbage_collection_threshold:0.5" : "")));
+    void* keep = alloc.allocate(2 * MiB, default_stream);  // keeps the range from being whole
+    void* a = alloc.allocate(30 * MiB, default_stream);
+    void* b = alloc.allocate(30 * MiB, default_stream);
+    alloc.deallocate(a, default_stream);
+    alloc.deallocate(b, default_stream);
+    const std::size_t cached = alloc.reserved_bytes();
+    EXPECT_GT(cached, 50 * MiB);
+    // A miss on another stream: with collection, the handles under a's and b's free block go
+    // until reserved memory is back under 50 MiB, before the request grows.
+    const Stream s1 = device.create_stream();
+    void* c = alloc.allocate(8 * MiB, s1);
+    if (collect) {
+      EXPECT_GT(alloc.stats().num_handles_released, 0);
+      EXPECT_LE(alloc.reserved_bytes(), 50 * MiB + 8 * MiB + 2 * MiB);
+    } else {
+      EXPECT_EQ(alloc.stats().num_handles_released, 0);
+      EXPECT_EQ(alloc.reserved_bytes(), cached + 8 * MiB);
+    }
+    alloc.check();
+    alloc.deallocate(c, s1);
+    alloc.deallocate(keep, default_stream);
+  }
+}
+
+// Cross-stream reuse: a stream that misses takes another stream's whole cached segment over,
+// handles and all, ordered after that stream's work, before it asks the device.
+TEST(EngineOptions, WhenTheDeviceIsFullAWholeCachedSegmentIsTakenOver) {
+  SimDevice device(sim_options(2 * MiB));
+  CachingAllocator alloc(device, Config::parse("vmm:True"));
+  const Stream s1 = device.create_stream();
+  const Stream s2 = device.create_stream();
+  void* a = alloc.allocate(4096, s1);
+  alloc.deallocate(a, s1);
+  void* b = alloc.allocate(4096, s2);
+  EXPECT_EQ(a, b);
+  const Stats s = alloc.stats();
+  EXPECT_EQ(s.num_cross_stream_reuse, 1);
+  EXPECT_EQ(s.num_alloc_retries, 0);
+  EXPECT_EQ(s.num_handles_released, 0);
+  EXPECT_EQ(device.counters().of(DeviceOp::stream_wait_event), 1u);
+  alloc.check();
+  alloc.deallocate(b, s2);
+}
+
+// max_split_size is classic segments' remedy: the engine gives a large free block's unused memory
+// back handle by handle, so it cuts the block as best fit says (and its statistic still reports
+// the value).
+TEST(EngineOptions, MaxSplitSizeIsForClassicSegmentsOnly) {
+  for (const char* conf : {"vmm:True,max_split_size_mb:40", "vmm:False,max_split_size_mb:40"}) {
+    SCOPED_TRACE(conf);
+    SimDevice device(sim_options(1 * GiB));
+    CachingAllocator alloc(device, Config::parse(conf));
+    void* big = alloc.allocate(100 * MiB, default_stream);
+    alloc.deallocate(big, default_stream);
+    void* small = alloc.allocate(10 * MiB, default_stream);
+    EXPECT_EQ(small == big, alloc.uses_virtual_memory());
+    EXPECT_EQ(alloc.stats().max_split_size, static_cast<std::int64_t>(40 * MiB));
+    alloc.check();
+    alloc.deallocate(small, default_stream);
+  }
+}
+
 }  // namespace
 }  // namespace cistern::testing
