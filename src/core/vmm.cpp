@@ -61,8 +61,9 @@ constexpr std::size_t kLargeRange = 1 * GiB;
 
 /// How handles are sized (plan()): a handle is at most the room left after it / kHandleDivisor;
 /// near the limit a run goes in at most kMaxPieces handles; with room, a growth maps up to the
-/// room / kExtensionDivisor (at most kMaxExtension) over the free rest of its block. Chosen by
-/// replaying the shared traces at their smallest capacities and at 80 GiB (docs/design.md).
+/// room / kExtensionDivisor and the pool's mapped memory / kGrowthDivisor (at most kMaxExtension)
+/// over the free rest of its block. Chosen by replaying the shared traces at their smallest
+/// capacities, at PyTorch's and at 80 GiB (docs/design.md).
 constexpr std::size_t kHandleDivisor = 32;
 constexpr std::size_t kMaxPieces = 12;
 constexpr std::size_t kExtensionDivisor = 1024;
@@ -328,10 +329,12 @@ bool CachingAllocator::Impl::MappedHandles::refused(Status status, DeviceOp op) 
   return true;
 }
 
-// `b` free and indexed. Maps handles under every unmapped granule of the part of `b` the request
-// takes - and, with room to spare, over the free rest of the block up to the pool's handle size,
-// as a classic segment is obtained whole, so that later blocks cut from it make no call. False
-// (nothing changed) when no room can be had; a failing map undoes this call's handles and throws.
+// `b` free and indexed. Near the limit (tight_), first gives back the large free handles under the
+// part of `b` the request takes (make_finer); then maps handles under every unmapped granule of
+// that part - and, with room to spare, over some of the free rest of the block (plan()), so that
+// later blocks cut from it make no call. False (nothing mapped) when no room can be had, or when
+// the device refused the engine at its first growth; a failing map undoes this call's handles
+// and throws.
 bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size,
                                                     bool small, bool reclaim) {
   Segment& seg = *b.segment;
@@ -358,8 +361,10 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
 //  * near the limit a run is cut into at most kMaxPieces handles, so that a large block does not
 //    cost a mapping per granule when the handles under it could only ever go back together;
 //  * with room, the last run extends over the unmapped granules of the block that follow it, up
-//    to after / kExtensionDivisor (at least the pool's handle size, at most kMaxExtension), as a
-//    classic segment is obtained whole: the next blocks cut from the block need no call.
+//    to the smaller of after / kExtensionDivisor and `held` (the pool's mapped memory) /
+//    kGrowthDivisor - at least the pool's handle size, at most kMaxExtension - as a classic
+//    segment is obtained whole: the next blocks cut from the block need no call, and a pool's
+//    growths get larger as it does, as a vector's do.
 // `tight_` (the slow path's make_finer) is set when a handle of the pool's size would no longer
 // fit the limit on handles and a growth has had to reclaim before.
 std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
