@@ -193,7 +193,8 @@ class CachingAllocator::Impl {
     /// `asked`: the program asked (empty_cache), rather than the allocator's out-of-memory path.
     /// Returns how many releases failed.
     virtual std::size_t release_rest(bool asked) = 0;
-    /// The engine with a release threshold: gives unused memory above it back (no pool lock held).
+    /// The engine with a release threshold: gives unused memory above it back (global lock held,
+    /// no pool lock).
     virtual void trim() {}
     /// Garbage collection, after the whole free segments: gives back up to `bytes` more of what
     /// cached free blocks hold (the engine's handles under them). All pool locks held. Returns

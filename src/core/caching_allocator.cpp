@@ -331,7 +331,10 @@ void CachingAllocator::Impl::deallocate(void* ptr, Stream stream) {
   }
   if (!freed) deallocate_slow(addr, stream);
   // With a release threshold a free may give memory back (no pool lock may be held for that).
-  if (trims_) backing_->trim();
+  if (trims_) {
+    std::lock_guard<std::mutex> global(mutex_);  // backing_ is read and replaced under it
+    backing_->trim();
+  }
 }
 
 namespace {

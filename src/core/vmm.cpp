@@ -817,10 +817,9 @@ std::size_t CachingAllocator::Impl::MappedHandles::release_rest(bool asked) {
   return failures + release_unplaced();
 }
 
-// No lock held. With a release threshold: when the memory held under cached free blocks may
-// exceed it, give handles back until it does not.
+// Global lock held, no pool lock. With a release threshold: when the memory held under cached free
+// blocks may exceed it, give handles back until it does not.
 void CachingAllocator::Impl::MappedHandles::trim() {
-  std::lock_guard<std::mutex> global(a_.mutex_);
   std::size_t allocated = 0;
   for (const auto& pool : a_.pools_.all()) {
     allocated += static_cast<std::size_t>(pool->allocated_bytes_relaxed());
