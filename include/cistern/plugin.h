@@ -173,6 +173,10 @@ CISTERN_PLUGIN_API cistern_stream_t cistern_sim_create_stream(int device);
 CISTERN_PLUGIN_API int cistern_sim_launch(int device, cistern_stream_t stream, uint64_t ns);
 /** Completes all simulated work on `device`. Returns an error code. */
 CISTERN_PLUGIN_API int cistern_sim_synchronize(int device);
+/** Makes the simulated `device` refuse its next map of physical memory as a GPU under MIG or
+ *  vGPU does (CUDA_ERROR_NOT_SUPPORTED): before the first allocation, cistern's engine then falls
+ *  back to classic segments and says so once on stderr. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_sim_refuse_next_map(int device);
 
 #ifdef __cplusplus
 }

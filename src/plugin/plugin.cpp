@@ -433,6 +433,13 @@ int cistern_sim_launch(int device, cistern_stream_t stream, uint64_t ns) {
   return guarded([&] { PluginState::get().sim(device).launch(Stream(stream), ns); });
 }
 
+int cistern_sim_refuse_next_map(int device) {
+  return guarded([&] {
+    PluginState::get().sim(device).fail_nth(cistern::DeviceOp::map, 1,
+                                            cistern::Status::not_supported);
+  });
+}
+
 int cistern_sim_synchronize(int device) {
   return guarded([&] {
     const cistern::Status status = PluginState::get().sim(device).synchronize_device();

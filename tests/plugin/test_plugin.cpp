@@ -276,6 +276,27 @@ TEST_F(Plugin, SnapshotWriteErrorsAreInvalidArgumentsWithTheOsReason) {
   }
 }
 
+// A device that refuses the engine at its first growth (a GPU under MIG or vGPU): the request is
+// served by a classic segment, the statistic says so, and the plug-in says it once on stderr.
+TEST_F(Plugin, AnEngineRefusedAtTheFirstGrowthFallsBackAndSaysSoOnce) {
+  ASSERT_EQ(cistern_sim_refuse_next_map(0), CISTERN_OK);
+  ::testing::internal::CaptureStderr();
+  void* p = cistern_malloc(3 * kMiB, 0, nullptr);
+  void* q = cistern_malloc(3 * kMiB, 0, nullptr);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_NE(p, nullptr);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(stat("num_vmm_fallbacks"), 1);
+  EXPECT_EQ(stat("segment.all.current"), 1);  // one 20 MiB classic segment holds both
+  EXPECT_EQ(stat("reserved_bytes.all.current"), 20 * static_cast<std::int64_t>(kMiB));
+  EXPECT_NE(said.find("refused the virtual-memory engine at its first growth"), std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("refused"), said.rfind("refused")) << "said more than once: " << said;
+  EXPECT_EQ(cistern_check(0), CISTERN_OK);
+  cistern_free(p, 3 * kMiB, 0, nullptr);
+  cistern_free(q, 3 * kMiB, 0, nullptr);
+}
+
 TEST_F(Plugin, SimulatedStreamsNeedTheSimBackend) {
   setenv("CISTERN_BACKEND", "cuda", 1);
   cistern_shutdown();
