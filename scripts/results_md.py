@@ -635,24 +635,23 @@ allocator can run the trace in less, so every other figure is measured against i
   allocation to 2 MiB pages.
 - **PyTorch recorded** is what PyTorch's own allocator held while the trace was recorded (from the
   snapshot's segment events, or the Kineto trace's Total Reserved counter); it has no min_cap
-  figure. **torch emulation** is cistern's replay of PyTorch's allocator with PyTorch's defaults
-  on the same events, and should sit close to the recorded figure. **torch, expandable segments**
+  figure. **torch emulation** is cistern's replay of PyTorch's allocator with PyTorch's defaults on
+  the same events, and should sit close to the recorded figure. **torch, expandable segments**
   (`torch:expandable_segments=true`) is the same emulation with `expandable_segments:True`: one
   address reservation per pool and stream, pages (2 MiB small, 20 MiB large) each its own physical
   handle, mapped on demand and unmapped only when PyTorch releases its cache (an out-of-memory
-  retry, `empty_cache`). **nocache** is one
-  `cudaMalloc` per allocation; its reserved bytes are the sizes it asks for, so its overhead is
-  about zero, and the driver's rounding of every allocation to 2 MiB pages shows in its min_cap
-  instead. **cistern** is cistern with its default options: PyTorch's size policy and best fit,
-  with the virtual-memory engine. Blocks are placed in address ranges of 64 MiB (small pool) and
-  1 GiB (large pool; more for a larger request), and physical memory is mapped there as whole
-  handles only where blocks are handed out: with room to spare one handle per growth, extended
-  over the free rest of its block; the closer to the device's limit, the smaller each handle (at
-  most a 32nd of the room left). When a growth finds no room, whole handles lying inside cached
-  free blocks, of any stream and pool, are unmapped once their stream's work has completed, and
-  mapped again where the request needs them or released. **cistern, vmm=false** is cistern with
-  classic segments (one device allocation each), which places every block where PyTorch would and
-  matches the emulation closely.
+  retry, `empty_cache`). **nocache** is one `cudaMalloc` per allocation; its reserved bytes are the
+  sizes it asks for, so its overhead is about zero, and the driver's rounding of every allocation
+  to 2 MiB pages shows in its min_cap instead. **cistern** is cistern with its default options:
+  PyTorch's size policy and best fit, with the virtual-memory engine. Blocks are placed in address
+  ranges of 64 MiB (small pool) and 1 GiB (large pool; more for a larger request), and physical
+  memory is mapped there as whole handles only where blocks are handed out: with room to spare one
+  handle per growth, extended over the free rest of its block; the closer to the device's limit,
+  the smaller each handle (at most a 32nd of the room left). When a growth finds no room, whole
+  handles lying inside cached free blocks, of any stream and pool, are unmapped once their stream's
+  work has completed, and mapped again where the request needs them or released.
+  **cistern, vmm=false** is cistern with classic segments (one device allocation each), which
+  places every block where PyTorch would and matches the emulation closely.
 
 Every replay starts cold: blocks live before the recorded window are allocated first on an empty
 device, so a recorded run that had cached more before the window (the Kineto trace: its reserved
