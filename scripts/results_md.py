@@ -477,7 +477,9 @@ def targets_section(real, repeat, at_torch_min):
 # --- the tables ---------------------------------------------------------------------------------
 
 def signed_of_live(a, b, live):
-    return "-" if a is None or b is None or not live else f"{(a - b) / live * 100:+.2f}%"
+    if a is None or b is None or not live:
+        return "-"
+    return "0.00%" if a == b else f"{(a - b) / live * 100:+.2f}%"
 
 
 def min_capacity_table(traces):
