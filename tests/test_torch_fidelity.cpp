@@ -407,5 +407,31 @@ TEST(TorchFidelity, TracesWithoutRecordedSettingsKeepPyTorchsDefaults) {
   EXPECT_EQ(again.settings[0].source, SettingSource::recorded);
 }
 
+TEST(TorchFidelity, RefusesRecordedSettingsNoConfigurationTakesAndNamesTheOverride) {
+  // A damaged snapshot may record a value PyTorch would never have started with: torch refuses
+  // the replay with an error naming the setting and the way out; the option given overrides it.
+  trace::Trace t =
+      trace::read_trace_bytes(recorded_snapshot(synthetic_program(), "torch"), "damaged.pickle");
+  bool found = false;
+  for (auto& [key, value] : t.recorded.settings) {
+    if (key != "garbage_collection_threshold") continue;
+    value = "3.5";
+    found = true;
+  }
+  ASSERT_TRUE(found) << "the snapshot records no garbage_collection_threshold";
+  const Result refused = run(t, Policy::parse("torch"), Options{});
+  EXPECT_NE(refused.error.find("garbage_collection_threshold"), std::string::npos) << refused.error;
+  EXPECT_NE(refused.error.find("recorded allocator_settings"), std::string::npos) << refused.error;
+  EXPECT_NE(refused.error.find("override"), std::string::npos) << refused.error;
+  EXPECT_THROW((void)Policy::parse("torch").for_trace(t), ConfigError);
+  const Result overridden =
+      run(t, Policy::parse("torch:garbage_collection_threshold=0"), Options{});
+  EXPECT_EQ(overridden.error, "");
+  EXPECT_EQ(overridden.peak_reserved,
+            run(synthetic_program(), Policy::parse("torch"), Options{}).peak_reserved);
+  // cistern does not read PyTorch's settings: the same snapshot replays.
+  EXPECT_EQ(run(t, Policy::parse("cistern"), Options{}).error, "");
+}
+
 }  // namespace
 }  // namespace cistern::replay

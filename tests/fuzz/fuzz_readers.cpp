@@ -4,9 +4,10 @@
 // The first byte picks the format (0-4: pytorch, lifetimes, rmm, kineto, cistern; else: recognise
 // by content); the rest is the file. Any input must either read or raise cistern::Error; a trace
 // that reads must pass Trace::check() and replay under cistern and torch on a small simulated
-// device without any exception but cistern::Error. Sanitizers catch everything else. Build with
-// -DCISTERN_BUILD_FUZZERS=ON and clang (tests/fuzz/CMakeLists.txt); run with a corpus folder
-// outside the repository, seeded with small traces:
+// device without any exception but cistern::Error (torch refuses, with a clear error, a snapshot
+// whose recorded allocator settings no configuration takes). Sanitizers catch everything else.
+// Build with -DCISTERN_BUILD_FUZZERS=ON and clang (tests/fuzz/CMakeLists.txt); run with a corpus
+// folder outside the repository, seeded with small traces:
 //   build-fuzz/tests/fuzz/fuzz_readers -max_len=8192 -max_total_time=300 /tmp/readers_corpus
 #include <cstddef>
 #include <cstdint>
@@ -27,11 +28,22 @@ void replay(const cistern::trace::Trace& trace) {
   cistern::replay::Options options;
   options.capacity = std::size_t{256} << 20;
   options.check_invariants = true;
-  for (const char* policy : {"cistern", "torch"}) {
-    const cistern::replay::Result result =
-        cistern::replay::run(trace, cistern::replay::Policy::parse(policy), options);
-    if (!result.error.empty()) {  // a trace that reads must replay: report and stop
-      std::fprintf(stderr, "%s: %s\n", policy, result.error.c_str());
+  for (const char* name : {"cistern", "torch"}) {
+    const cistern::replay::Policy policy = cistern::replay::Policy::parse(name);
+    // A snapshot may record allocator settings no configuration takes (PyTorch would not have
+    // started with them): torch then refuses the replay with a clear error naming the setting,
+    // and the replay must say so rather than run.
+    bool settings_refused = false;
+    try {
+      (void)policy.for_trace(trace);
+    } catch (const cistern::ConfigError&) {
+      settings_refused = true;
+    }
+    const cistern::replay::Result result = cistern::replay::run(trace, policy, options);
+    if (result.error.empty() == settings_refused) {  // a trace that reads must replay
+      std::fprintf(
+          stderr, "%s: %s\n", name,
+          settings_refused ? "replayed with refused recorded settings" : result.error.c_str());
       std::abort();
     }
   }
