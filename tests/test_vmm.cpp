@@ -568,26 +568,26 @@ TEST(EngineFallback, ARefusalAfterTheFirstGrowthOrUnderVmmTrueIsAnError) {
 }
 
 // How handles follow the room left: with plenty, one handle per growth; near the limit (a 32nd of
-// the room left after a growth is less than a granule), at most twelve handles per run of
-// granules, so that what a free block covers can go back in small pieces.
+// the room left after a growth is less than a granule), at most six handles per run of granules,
+// so that what a free block covers can go back in small pieces.
 TEST(EngineHandles, HandlesGetSmallerAsTheRoomRunsOut) {
   SimDevice device(sim_options(256 * MiB));
   CachingAllocator alloc(device, Config());
   // 200 MiB (100 granules) leave 56 MiB: handles of at most 56 / 32 MiB, i.e. one granule, but
-  // no more than twelve per run: 11 of 9 granules and one of 1.
+  // no more than six per run: 5 of 17 granules and one of 15.
   void* a = alloc.allocate(200 * MiB, default_stream);
-  EXPECT_EQ(alloc.stats().num_handles_created, 12);
-  EXPECT_EQ(device.live_physical(), 12u);
-  EXPECT_EQ(device.counters().of(DeviceOp::map), 12u);  // one map_run: a map per handle
-  // 20 MiB more (10 granules) leave 36 MiB: ten handles of one granule.
+  EXPECT_EQ(alloc.stats().num_handles_created, 6);
+  EXPECT_EQ(device.live_physical(), 6u);
+  EXPECT_EQ(device.counters().of(DeviceOp::map), 6u);  // one map_run: a map per handle
+  // 20 MiB more (10 granules) leave 36 MiB: one granule at most, six per run: five of 2.
   void* b = alloc.allocate(20 * MiB, default_stream);
-  EXPECT_EQ(alloc.stats().num_handles_created, 22);
+  EXPECT_EQ(alloc.stats().num_handles_created, 11);
   EXPECT_EQ(alloc.reserved_bytes(), 220 * MiB);
   alloc.check();
   alloc.deallocate(a, default_stream);
   alloc.deallocate(b, default_stream);
   alloc.empty_cache();
-  EXPECT_EQ(alloc.stats().num_handles_released, 22);
+  EXPECT_EQ(alloc.stats().num_handles_released, 11);
   EXPECT_EQ(device.used_bytes(), 0u);
 }
 

@@ -396,7 +396,7 @@ constexpr Option kOptions[] = {
     {"max_handle_size_mb", "MiB or auto",
      "With the engine: the largest physical handle created; auto: at most a 32nd of the room the "
      "device and the limit leave after it (one per growth with room to spare: the driver's cost "
-     "is per mapping), at most 12 per growth.",
+     "is per mapping), at most 6 per growth.",
      [](Config& c, const std::string& text) {
        if (text == "auto") {
          c.max_handle_size = 0;

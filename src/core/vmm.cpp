@@ -65,7 +65,7 @@ constexpr std::size_t kLargeRange = 1 * GiB;
 /// over the free rest of its block. Chosen by replaying the shared traces at their smallest
 /// capacities, at PyTorch's and at 80 GiB (docs/design.md).
 constexpr std::size_t kHandleDivisor = 32;
-constexpr std::size_t kMaxPieces = 12;
+constexpr std::size_t kMaxPieces = 6;
 constexpr std::size_t kExtensionDivisor = 1024;
 constexpr std::size_t kGrowthDivisor = 8;
 constexpr std::size_t kMaxExtension = 512 * MiB;
@@ -358,8 +358,9 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
 //  * a handle is at most after / kHandleDivisor (one granule at least, max_handle_size at most),
 //    so that the closer the engine is to the limit, the closer its handles follow the blocks, and
 //    whatever a block leaves free can go back; with room to spare, one handle per run;
-//  * near the limit a run is cut into at most kMaxPieces handles, so that a large block does not
-//    cost a mapping per granule when the handles under it could only ever go back together;
+//  * near the limit a run is cut into at most kMaxPieces handles (of at most max_handle_size), so
+//    that a large block does not cost a mapping per granule when the handles under it could only
+//    ever go back together;
 //  * with room, the last run extends over the unmapped granules of the block that follow it, up
 //    to the smaller of after / kExtensionDivisor and `held` (the pool's mapped memory) /
 //    kGrowthDivisor - at least the pool's handle size, at most kMaxExtension - as a classic
@@ -403,7 +404,8 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
   }
   for (const GranuleRun& r : runs) {
     const std::size_t length = r.end - r.first;
-    const std::size_t piece = std::max(largest, (length + kMaxPieces - 1) / kMaxPieces);
+    const std::size_t piece =
+        std::min(cap_granules(small), std::max(largest, (length + kMaxPieces - 1) / kMaxPieces));
     for (std::size_t i = r.first; i < r.end; i += std::min(piece, r.end - i)) {
       planned.push_back({i, std::min(piece, r.end - i)});
     }
