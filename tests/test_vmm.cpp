@@ -646,6 +646,40 @@ TEST(EngineHandles, NearTheLimitALargeFreeHandleIsGivenBackUnderASmallRequest) {
   alloc.deallocate(g, s1);
 }
 
+// Near the limit, a request that ends inside a granule gets that granule as a handle of its own:
+// the next block cut from the rest shares it, and once the first is freed, every other handle
+// under it can go back while the second lives.
+TEST(EngineHandles, NearTheLimitTheSharedLastGranuleOfARequestIsAHandleOfItsOwn) {
+  SimDevice device(sim_options(1 * GiB));
+  CachingAllocator alloc(device, Config());
+  void* a = alloc.allocate(400 * MiB, default_stream);
+  const std::int64_t created = alloc.stats().num_handles_created;
+  const std::size_t reserved = alloc.reserved_bytes();
+  // 39 MiB (19.5 granules) leave about 584 MiB: handles of at most 9 granules, no extension over
+  // the rest of the block (the request is longer than that), and the 20th granule, half used,
+  // alone: 9 + 9 + 1 + 1.
+  void* b = alloc.allocate(39 * MiB, default_stream);
+  EXPECT_EQ(alloc.stats().num_handles_created - created, 4);
+  EXPECT_EQ(alloc.reserved_bytes() - reserved, 40 * MiB);
+  // 1.5 MiB more, cut from the rest of the block: on b's last granule and the next one, whose
+  // handle extends over 4 granules (there is room).
+  void* c = alloc.allocate(3 * MiB / 2, default_stream);
+  EXPECT_EQ(static_cast<char*>(c), static_cast<char*>(b) + 39 * MiB);
+  EXPECT_EQ(alloc.stats().num_handles_created - created, 5);
+  EXPECT_EQ(alloc.reserved_bytes() - reserved, 48 * MiB);
+  alloc.deallocate(b, default_stream);
+  // b's three handles go back; the granule it shared with c stays (were it the end of a handle
+  // of two, both granules would).
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().num_handles_released, 3);
+  EXPECT_EQ(alloc.reserved_bytes() - reserved, 10 * MiB);
+  alloc.check();
+  alloc.deallocate(c, default_stream);
+  alloc.deallocate(a, default_stream);
+  alloc.empty_cache();
+  EXPECT_EQ(device.used_bytes(), 0u);
+}
+
 // Random requests on several streams near the limit, check() after every step: SimDevice refuses
 // any map of part of a handle and any unmap that cuts a mapping, so none is ever made.
 TEST(EngineHandles, RandomWorkNearTheLimitOnlyEverMapsAndUnmapsWholeHandles) {

@@ -66,6 +66,9 @@ constexpr std::size_t kLargeRange = 1 * GiB;
 /// capacities, at PyTorch's and at 80 GiB (docs/design.md).
 constexpr std::size_t kHandleDivisor = 32;
 constexpr std::size_t kMaxPieces = 6;
+/// Below this many pool handle sizes for the largest handle (a room of 128 of them), the last
+/// granule of a request that ends inside it gets a handle of its own (plan()).
+constexpr std::size_t kTailAloneUnits = 4;
 constexpr std::size_t kExtensionDivisor = 1024;
 constexpr std::size_t kGrowthDivisor = 8;
 constexpr std::size_t kMaxExtension = 512 * MiB;
@@ -147,7 +150,8 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   Block* new_segment(StreamPool& pool, std::size_t size, bool small);
   bool map_for(StreamPool& pool, Block& b, std::size_t size, bool small, bool reclaim);
   std::vector<PlannedHandle> plan(const Segment& seg, std::size_t first, std::size_t last,
-                                  std::size_t limit, bool small, std::size_t held);
+                                  std::size_t limit, bool small, std::size_t held,
+                                  bool shared_last);
   std::size_t headroom();
   std::size_t unit_granules(bool small) const noexcept;
   std::size_t cap_granules(bool small) const noexcept;
@@ -345,7 +349,9 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
   const std::size_t limit = (b.addr + b.size - seg.base + g_ - 1) / g_;
   const auto held = static_cast<std::size_t>(pool.stats().current(
       StatKind::reserved_bytes, small ? StatPool::small_pool : StatPool::large_pool));
-  const std::vector<PlannedHandle> planned = plan(seg, first, last, limit, small, held);
+  const std::uintptr_t end = b.addr + used_part(b, size, small);
+  const std::vector<PlannedHandle> planned =
+      plan(seg, first, last, limit, small, held, (end - seg.base) % g_ != 0);
   if (planned.empty()) return true;
   std::vector<std::uint32_t> slots;
   if (!create(planned, slots, pool, Keep{&seg, first, last}, reclaim)) return false;
@@ -361,6 +367,9 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
 //  * near the limit a run is cut into at most kMaxPieces handles (of at most max_handle_size), so
 //    that a large block does not cost a mapping per granule when the handles under it could only
 //    ever go back together;
+//  * near the limit (the largest handle under kTailAloneUnits pool handle sizes), the last
+//    granule of a request that ends inside it, which the next block cut from the rest will share,
+//    is a handle of its own, so that when this block is freed its other handles can go back;
 //  * with room, the last run extends over the unmapped granules of the block that follow it, up
 //    to the smaller of after / kExtensionDivisor and `held` (the pool's mapped memory) /
 //    kGrowthDivisor - at least the pool's handle size, at most kMaxExtension - as a classic
@@ -370,7 +379,7 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
 // fit the limit on handles and a growth has had to reclaim before.
 std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
     const Segment& seg, std::size_t first, std::size_t last, std::size_t limit, bool small,
-    std::size_t held) {
+    std::size_t held, bool shared_last) {
   std::vector<GranuleRun> runs;
   std::size_t need = 0;
   for (std::size_t i = first; i < last;) {
@@ -402,13 +411,20 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
         tail.first + std::max(std::min(spread, largest), tail.end - tail.first);
     while (tail.end < std::min(limit, reach) && seg.pages[tail.end] == kNoPage) ++tail.end;
   }
-  for (const GranuleRun& r : runs) {
+  // Near the limit, the last granule of a request that ends inside it goes in a handle of its
+  // own: the next block cut from the rest of the block shares that granule, and a handle that
+  // reached over it would stay whole under that block after this one is freed.
+  const bool alone_last = shared_last && largest < unit * kTailAloneUnits;
+  for (GranuleRun r : runs) {
+    const bool split_last = alone_last && r.end == last && r.end - r.first > 1;
+    if (split_last) --r.end;
     const std::size_t length = r.end - r.first;
     const std::size_t piece =
         std::min(cap_granules(small), std::max(largest, (length + kMaxPieces - 1) / kMaxPieces));
     for (std::size_t i = r.first; i < r.end; i += std::min(piece, r.end - i)) {
       planned.push_back({i, std::min(piece, r.end - i)});
     }
+    if (split_last) planned.push_back({r.end, 1});
   }
   return planned;
 }
