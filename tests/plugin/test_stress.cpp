@@ -5,8 +5,10 @@
 // against the plug-in's C ABI and against the C++ API on a simulated device. At the end every
 // block is freed, the device synchronised and the cache emptied: allocated, active and reserved
 // bytes must all be zero, and nothing may be counted as misuse. Each thread's operations are
-// seeded. The default size (CISTERN_STRESS_OPS, 1500 operations per thread) is the short run
-// that the ThreadSanitizer CI step uses; ctest's `stress_full` (label long) runs 150000.
+// seeded, and each thread holds at most 32 blocks (256 more wait to be handed over), so that the
+// live set stays within the 8 GiB simulated device however long the run. The default size
+// (CISTERN_STRESS_OPS, 1500 operations per thread) is the short run that the ThreadSanitizer CI
+// step uses; ctest's `stress_full` (label long) runs 150000.
 #include <gtest/gtest.h>
 #include <stdlib.h>  // setenv, unsetenv
 
@@ -128,6 +130,11 @@ class Exchange {
     std::lock_guard<std::mutex> lock(mutex_);
     blocks_.push_back(block);
   }
+  /// Whether it holds fewer than `n` blocks.
+  bool below(std::size_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return blocks_.size() < n;
+  }
   bool take(Block* block) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (blocks_.empty()) return false;
@@ -141,6 +148,12 @@ class Exchange {
   std::vector<Block> blocks_;
 };
 
+/// The most blocks a thread holds, and the most waiting in the exchange: allocations outnumber
+/// frees in the mix, so without a bound the live set of a long run would outgrow any device
+/// (150000 operations per thread would leave about 200,000 blocks live).
+constexpr std::size_t kMaxLivePerThread = 32;
+constexpr std::size_t kMaxExchanged = 256;
+
 /// One thread's seeded mix of operations; leaves nothing allocated.
 void worker(Target& target, int index, std::uintptr_t own, std::uintptr_t shared,
             Exchange& exchange, int operations) {
@@ -149,14 +162,16 @@ void worker(Target& target, int index, std::uintptr_t own, std::uintptr_t shared
   const auto stream_for = [&] { return random() % 4 == 0 ? shared : own; };
   for (int i = 0; i < operations; ++i) {
     const std::uint64_t pick = random() % 100;
-    if (pick < 45 || mine.empty()) {
+    if (mine.empty() || (pick < 45 && mine.size() < kMaxLivePerThread)) {
       // Mostly small blocks, some large ones (over 1 MiB: the large pool).
       const std::size_t size =
           random() % 8 == 0 ? (std::size_t{1} << 20) + random() % (8 << 20) : 1 + random() % 65536;
       void* ptr = target.allocate(size, stream_for());
       ASSERT_NE(ptr, nullptr) << "thread " << index << " operation " << i;
       mine.push_back({ptr, size});
-    } else if (pick < 75) {
+    } else if (pick < 75 || (pick < 85 && !exchange.below(kMaxExchanged))) {
+      // A free on this thread (an allocation when the thread holds its most, a hand-over when
+      // the exchange is full).
       const std::size_t at = random() % mine.size();
       target.free(mine[at].ptr, mine[at].size, stream_for());
       mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(at));
