@@ -48,6 +48,13 @@ TEST(BlockIndex, BinsAreMonotonicAndCoverAllSizes) {
   EXPECT_EQ(BlockIndex::bin_of(2 * MiB), BlockIndex::bin_of(2 * MiB - 512));
   EXPECT_NE(BlockIndex::bin_of(2 * MiB), BlockIndex::bin_of(2 * MiB + 512));
   EXPECT_EQ(BlockIndex::bin_of(20 * MiB), BlockIndex::bin_of(20 * MiB - 512));
+  // From 256 MiB up, 4 bins per power of two: an engine's 1 GiB range and what is left of it
+  // after a 100 MiB request share a bin, so the pair's split and coalesce flip no bitmap bit.
+  EXPECT_EQ(BlockIndex::bin_of(1 * GiB), BlockIndex::bin_of(1 * GiB - 100 * MiB));
+  EXPECT_EQ(BlockIndex::bin_of(256 * MiB + 512), BlockIndex::bin_of(256 * MiB) + 1);
+  EXPECT_EQ(BlockIndex::bin_of(256 * MiB + 512), BlockIndex::bin_of(320 * MiB));
+  EXPECT_EQ(BlockIndex::bin_of(320 * MiB + 512), BlockIndex::bin_of(320 * MiB) + 1);
+  EXPECT_NE(BlockIndex::bin_of(256 * MiB - 512), BlockIndex::bin_of(256 * MiB - 4 * MiB - 512));
 }
 
 // same_bin, the hot path's shortcut, against bin_of: every pair of sizes (multiples of 512) near

@@ -3,7 +3,9 @@
 // BlockIndex: the free blocks of one pool, with an exact best fit in O(1) + O(log k).
 //
 // Layout (two-level segregated fit). Sizes map to bins: up to 32 KiB one bin per 512 bytes;
-// above, 64 bins per power of two (each bin spans 1/64 of its octave). A bin is half-open at the
+// above, 64 bins per power of two (each bin spans 1/64 of its octave); from 256 MiB up, 4 bins per
+// power of two, so that cutting a request of up to an eighth of an address range of the engine
+// (1 GiB) and giving it back leave the range's free block in its bin. A bin is half-open at the
 // bottom, (lo, hi]: a size on a bin boundary (a power of two, 20 MiB) shares the bin of the sizes
 // just below it, so that a whole segment and what is left of it after a small request was cut
 // off stay in one bin, and the split and coalesce of a hot pair replace the block without
@@ -38,10 +40,37 @@ class BlockIndex {
   static constexpr int kLinearShift = 9;       // exact bins of 512 bytes below kLinearLimit
   static constexpr int kSubBinBits = 6;        // 64 bins per power of two above it
   static constexpr int kLinearLimitLog2 = 15;  // 32 KiB
-  static constexpr int kMaxLog2 = 57;          // sizes up to 2^57 bytes
-  static constexpr int kBins =
-      (1 << kSubBinBits) + (kMaxLog2 - kLinearLimitLog2) * (1 << kSubBinBits);
+  static constexpr int kCoarseLog2 = 28;       // 4 bins per power of two from 256 MiB
+  static constexpr int kCoarseSubBinBits = 2;
+  static constexpr int kMaxLog2 = 57;  // sizes up to 2^57 bytes
+  static constexpr int kFirstCoarseBin =
+      (1 << kSubBinBits) + (kCoarseLog2 - kLinearLimitLog2) * (1 << kSubBinBits);
+  static constexpr int kBins = kFirstCoarseBin + ((kMaxLog2 - kCoarseLog2) << kCoarseSubBinBits);
   static constexpr int kWords = (kBins + 63) / 64;
+  /// The bins of the sizes whose `size - 1` has its leading bit at each position (an octave):
+  /// the first, and the log2 of the step between bins (9 in the linear range, octave - 6 above
+  /// it, octave - 2 from kCoarseLog2), so that bin_of and same_bin are a table lookup away.
+  struct OctaveBins {
+    int first;
+    std::uint8_t step_log2;
+    std::uint8_t mask;
+  };
+  static constexpr std::array<OctaveBins, 64> kOctaveBins = [] {
+    std::array<OctaveBins, 64> table{};
+    for (int octave = 0; octave < 64; ++octave) {
+      OctaveBins& o = table[static_cast<std::size_t>(octave)];
+      if (octave < kLinearLimitLog2) {
+        o = {0, kLinearShift, (1 << (kLinearLimitLog2 - kLinearShift)) - 1};
+      } else if (octave < kCoarseLog2) {
+        o = {(1 << kSubBinBits) + ((octave - kLinearLimitLog2) << kSubBinBits),
+             static_cast<std::uint8_t>(octave - kSubBinBits), (1 << kSubBinBits) - 1};
+      } else {
+        o = {kFirstCoarseBin + ((octave - kCoarseLog2) << kCoarseSubBinBits),
+             static_cast<std::uint8_t>(octave - kCoarseSubBinBits), (1 << kCoarseSubBinBits) - 1};
+      }
+    }
+    return table;
+  }();
 
   BlockIndex() {
     roots_.fill(nullptr);
@@ -115,21 +144,22 @@ class BlockIndex {
 // Inline: every split and coalesce of the hot path computes bins and flips bitmap bits. Bins are
 // those of size - 1 (sizes are at least 512): monotonic, so best fit stays exact.
 inline int BlockIndex::bin_of(std::size_t size) noexcept {
+  CISTERN_ASSERT_INTERNAL(size >= (std::size_t{1} << kLinearShift));
   const std::size_t below = size - 1;
   if (below < (std::size_t{1} << kLinearLimitLog2)) return static_cast<int>(below >> kLinearShift);
-  const int octave = log2_floor(below);
-  const int sub = static_cast<int>(below >> (octave - kSubBinBits)) & ((1 << kSubBinBits) - 1);
-  return (1 << kSubBinBits) + ((octave - kLinearLimitLog2) << kSubBinBits) + sub;
+  const OctaveBins& o = kOctaveBins[static_cast<std::size_t>(log2_floor(below))];
+  return o.first + static_cast<int>((below >> o.step_log2) & o.mask);
 }
 
 // Two sizes share a bin when their `size - 1` agree above the bin's step: bit 9 and up in the
 // linear range, bit octave - 6 and up above it (the octave's leading bit and the six bits of the
-// sub-bin). A different octave differs in a bit above the step of either, so one shift - the
-// step of `a`'s bin - decides. Sizes are at least 512, so `a - 1` has a leading bit.
+// sub-bin), bit octave - 2 and up from kCoarseLog2. A different octave differs in a bit above the
+// step of either, so one shift - the step of `a`'s bin - decides. Sizes are at least 512, so
+// `a - 1` has a leading bit.
 inline bool BlockIndex::same_bin(std::size_t a, std::size_t b) noexcept {
   const std::size_t below_a = a - 1;
-  const int step_log2 = std::max(kLinearShift, log2_floor(below_a) - kSubBinBits);
-  return ((below_a ^ (b - 1)) >> step_log2) == 0;
+  return ((below_a ^ (b - 1)) >>
+          kOctaveBins[static_cast<std::size_t>(log2_floor(below_a))].step_log2) == 0;
 }
 
 // Inline, as the rest of the hot path: the common case of replace (old alone in its bin, fresh
