@@ -144,7 +144,6 @@ class BlockIndex {
 // Inline: every split and coalesce of the hot path computes bins and flips bitmap bits. Bins are
 // those of size - 1 (sizes are at least 512): monotonic, so best fit stays exact.
 inline int BlockIndex::bin_of(std::size_t size) noexcept {
-  CISTERN_ASSERT_INTERNAL(size >= (std::size_t{1} << kLinearShift));
   const std::size_t below = size - 1;
   if (below < (std::size_t{1} << kLinearLimitLog2)) return static_cast<int>(below >> kLinearShift);
   const OctaveBins& o = kOctaveBins[static_cast<std::size_t>(log2_floor(below))];
