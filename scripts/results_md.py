@@ -255,6 +255,19 @@ def misses_text(misses):
     return "; not on " + ", ".join(f"`{name}` ({why})" for name, why in misses)
 
 
+def count_target(key, what, misses, n, worst=None, allowed=0, detail="", after=""):
+    """A target counted over `n` traces: met when at most `allowed` of them miss it (`misses`,
+    [(trace, why)]); its line says `what` held on how many, the goal, `detail`, the misses and
+    `after`."""
+    passed = n - len(misses)
+    need = n - allowed
+    met = passed >= need
+    goal = "every one" if allowed == 0 else f"at least {need}"
+    return Target(key, met, passed, n, worst, misses,
+                  f"{verdict(met)} - {what} on {passed} of {n} traces (target: {goal}){detail}"
+                  f"{misses_text(misses)}{after}.")
+
+
 def of_live(x):
     return f"{x * 100:.2f}% of peak_live"
 
@@ -300,31 +313,22 @@ def memory_targets(real):
         detail = f"; closest: {of_live(closest[0])} below torch's (`{closest[1]}`)"
     else:
         detail = f"; worst: {of_live(-closest[0])} above torch's (`{closest[1]}`)"
-    met = not vs_torch
-    out.append(Target(
-        "min_vs_torch", met, n - len(vs_torch), n, None if closest is None else closest[0],
-        vs_torch,
-        f"{verdict(met)} - cistern's min_capacity at most torch's on {n - len(vs_torch)} of {n} "
-        f"traces (target: every one){detail}{misses_text(vs_torch)}."))
+    out.append(count_target(
+        "min_vs_torch", "cistern's min_capacity at most torch's", vs_torch, n,
+        None if closest is None else closest[0], detail=detail))
 
     worst = max(excesses) if excesses else None
-    need = n - EXPANDABLE_MISSES
-    met = n - len(vs_expandable) >= need
     detail = "" if worst is None else (
         f"; most above expandable segments': {worst[0] * 100:+.2f}% of peak_live (`{worst[1]}`)")
-    out.append(Target(
-        "min_vs_expandable", met, n - len(vs_expandable), n, None if worst is None else worst[0],
-        vs_expandable,
-        f"{verdict(met)} - cistern's min_capacity at most expandable segments' + "
-        f"{EXPANDABLE_SLACK * 100:.1f}% of peak_live on {n - len(vs_expandable)} of {n} traces "
-        f"(target: at least {need}){detail}{misses_text(vs_expandable)}."))
+    out.append(count_target(
+        "min_vs_expandable",
+        f"cistern's min_capacity at most expandable segments' + {EXPANDABLE_SLACK * 100:.1f}% of "
+        f"peak_live", vs_expandable, n, None if worst is None else worst[0],
+        allowed=EXPANDABLE_MISSES, detail=detail))
 
-    need = n - TIGHT_MISSES
-    met = n - len(tight) >= need
-    out.append(Target(
-        "min_tight", met, n - len(tight), n, None, tight,
-        f"{verdict(met)} - cistern's min_capacity at most {TIGHT_RATIO:.2f} x peak_live on "
-        f"{n - len(tight)} of {n} traces (target: at least {need}){misses_text(tight)}."))
+    out.append(count_target(
+        "min_tight", f"cistern's min_capacity at most {TIGHT_RATIO:.2f} x peak_live", tight, n,
+        allowed=TIGHT_MISSES))
 
     worst = max(ratios) if ratios else None
     missing = [(name, "no figure of cistern's") for name in real
@@ -369,22 +373,14 @@ def time_targets(real, at_torch_min):
         x, name = max(xs)
         return f"; worst {fmt_times(x)} (`{name}`)"
 
-    out = []
-    met = not vs_torch
-    out.append(Target(
-        "time_vs_torch", met, n - len(vs_torch), n, max(x_torch)[0] if x_torch else None,
-        vs_torch,
-        f"{verdict(met)} - device time at 80 GiB at most {TIME_VS_TORCH:g} x torch's on "
-        f"{n - len(vs_torch)} of {n} traces (target: every one){worst_text(x_torch)}"
-        f"{misses_text(vs_torch)}."))
-    need = n - TIME_VS_EXPANDABLE_MISSES
-    met = n - len(vs_expandable) >= need
-    out.append(Target(
-        "time_vs_expandable", met, n - len(vs_expandable), n,
-        max(x_expandable)[0] if x_expandable else None, vs_expandable,
-        f"{verdict(met)} - device time at 80 GiB at most expandable segments' on "
-        f"{n - len(vs_expandable)} of {n} traces (target: at least {need})"
-        f"{worst_text(x_expandable)}{misses_text(vs_expandable)}."))
+    out = [
+        count_target("time_vs_torch", f"device time at 80 GiB at most {TIME_VS_TORCH:g} x torch's",
+                     vs_torch, n, max(x_torch)[0] if x_torch else None,
+                     detail=worst_text(x_torch)),
+        count_target("time_vs_expandable", "device time at 80 GiB at most expandable segments'",
+                     vs_expandable, n, max(x_expandable)[0] if x_expandable else None,
+                     allowed=TIME_VS_EXPANDABLE_MISSES, detail=worst_text(x_expandable)),
+    ]
 
     if at_torch_min:
         misses, xs, others = [], [], []
@@ -410,14 +406,13 @@ def time_targets(real, at_torch_min):
                 y = times(expandable.get("device_ms"), torch.get("device_ms"))
                 if y is not None:
                     others.append(y)
-        met = not misses
         compare = (f"; expandable segments there: at most {fmt_times(max(others))} torch's"
                    if others else "")
-        out.append(Target(
-            "time_at_torch_min", met, n - len(misses), n, max(xs)[0] if xs else None, misses,
-            f"{verdict(met)} - on a device of torch's min_capacity, device time at most "
-            f"{TIME_VS_TORCH:g} x torch's there on {n - len(misses)} of {n} traces (target: every "
-            f"one){worst_text(xs)}{misses_text(misses)}{compare}."))
+        out.append(count_target(
+            "time_at_torch_min",
+            f"on a device of torch's min_capacity, device time at most {TIME_VS_TORCH:g} x "
+            f"torch's there", misses, n, max(xs)[0] if xs else None, detail=worst_text(xs),
+            after=compare))
     return out
 
 
@@ -444,15 +439,13 @@ def repeat_target(repeat):
             noisy.append((name, f"{every} calls; torch: {later_calls(rows, 'torch', all_calls)}"))
         for policy in quiet:
             quiet[policy] += 1 if later_calls(rows, policy) == 0 else 0
-    met = not misses
     events = "" if not noisy else (
         f"; every call counted, events and synchronisations included: none on {n - len(noisy)}"
         f" of {n}{misses_text(noisy)}")
-    return Target(
-        "repeat_quiet", met, n - len(misses), n, None, misses,
-        f"{verdict(met)} - `--repeat 3`: no device memory call (segment, map, unmap) in passes "
-        f"2-3 on {n - len(misses)} of {n} traces (target: every one){misses_text(misses)} "
-        f"(torch: on {quiet['torch']}, expandable segments: on {quiet[EXPANDABLE]}){events}.")
+    return count_target(
+        "repeat_quiet", "`--repeat 3`: no device memory call (segment, map, unmap) in passes 2-3",
+        misses, n, after=f" (torch: on {quiet['torch']}, expandable segments: on "
+        f"{quiet[EXPANDABLE]}){events}")
 
 
 def targets(real, repeat, at_torch_min):
