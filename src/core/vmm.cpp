@@ -343,15 +343,15 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
                                                     bool small, bool reclaim) {
   Segment& seg = *b.segment;
   const std::size_t first = (b.addr - seg.base) / g_;
-  const std::size_t last = (b.addr + used_part(b, size, small) - seg.base + g_ - 1) / g_;
+  const std::size_t end = b.addr + used_part(b, size, small) - seg.base;  // offset in seg
+  const std::size_t last = (end + g_ - 1) / g_;
   if (a_.tight_.load(std::memory_order_relaxed)) make_finer(pool, b, first, last);
   if (seg.unmapped_pages == 0) return true;
   const std::size_t limit = (b.addr + b.size - seg.base + g_ - 1) / g_;
   const auto held = static_cast<std::size_t>(pool.stats().current(
       StatKind::reserved_bytes, small ? StatPool::small_pool : StatPool::large_pool));
-  const std::uintptr_t end = b.addr + used_part(b, size, small);
   const std::vector<PlannedHandle> planned =
-      plan(seg, first, last, limit, small, held, (end - seg.base) % g_ != 0);
+      plan(seg, first, last, limit, small, held, end % g_ != 0);
   if (planned.empty()) return true;
   std::vector<std::uint32_t> slots;
   if (!create(planned, slots, pool, Keep{&seg, first, last}, reclaim)) return false;
