@@ -172,7 +172,6 @@ TEST_F(Cli, UsageErrorsExitTwoWithAHint) {
                                              "replay --scale inf " + file,
                                              "info --max-input-size 0 " + file,
                                              "info --max-input-size lots " + file,
-                                             "replay --json /nonexistent-dir/x.json " + file,
                                              "info",
                                              "convert " + file};
   for (const std::string& args : commands) {
@@ -286,7 +285,72 @@ TEST_F(Cli, OutputFilesThatCannotBeWrittenNameTheFileAndTheReason) {
   // A folder where a file should be.
   const Outcome o = run("convert " + csv + " " + quote(dir_.string()));
   EXPECT_EQ(o.code, 3) << o.err;
-  EXPECT_EQ(o.err, "cistern: trace: cannot write '" + dir_.string() + "': Is a directory\n");
+  EXPECT_EQ(o.err, "cistern: convert: cannot write '" + dir_.string() + "': Is a directory\n");
+}
+
+TEST_F(Cli, OutputPathsAreCheckedBeforeAnyTraceIsRead) {
+  // The trace does not exist: an output error rather than the trace's shows the order.
+  const std::string missing = quote(temp("missing.csv").string());
+  write(temp("file.csv"), "id,lower,upper,size\n");
+  const std::vector<std::pair<std::string, std::string>> paths = {
+      {dir_.string(), "Is a directory"},
+      {(dir_ / "no-such-folder" / "out").string(), "No such file or directory"},
+      {(dir_ / "file.csv" / "out").string(), "Not a directory"}};
+  for (const auto& [path, reason] : paths) {
+    const std::vector<std::pair<std::string, std::string>> commands = {
+        {"replay --json " + quote(path) + " " + missing, "--json"},
+        {"replay --html " + quote(path) + " " + missing, "--html"},
+        {"replay --snapshot " + quote(path) + " " + missing, "--snapshot"},
+        {"advise --json " + quote(path) + " " + missing, "--json"},
+        {"advise --html " + quote(path) + " " + missing, "--html"},
+        {"plan --out " + quote(path) + " " + missing, "--out"},
+        {"plan --json " + quote(path) + " " + missing, "--json"},
+        {"convert " + missing + " " + quote(path), "convert"}};
+    for (const auto& [args, what] : commands) {
+      const Outcome o = run(args);
+      EXPECT_EQ(o.code, 3) << args << "\n" << o.err;
+      EXPECT_EQ(o.err, "cistern: " + what + ": cannot write '" + path + "': " + reason + "\n")
+          << args;
+    }
+  }
+  // A writable path passes the check untouched: an existing file keeps its bytes, a new one is
+  // not left behind, when the work then fails on the trace.
+  write(temp("old.json"), "kept");
+  for (const std::string& out : {temp("old.json").string(), temp("new.json").string()}) {
+    const Outcome o = run("replay --json " + quote(out) + " " + missing);
+    EXPECT_EQ(o.code, 3) << o.err;
+    EXPECT_NE(o.err.find("missing.csv"), std::string::npos) << o.err;
+  }
+  EXPECT_EQ(slurp(temp("old.json")), "kept");
+  EXPECT_FALSE(fs::exists(temp("new.json")));
+}
+
+TEST_F(Cli, ASnapshotWithoutHistoryIsAnErrorThatSaysHowToRecordOne) {
+  // What torch.cuda.memory._dump_snapshot() writes without _record_memory_history(): the
+  // segments (one block live) and device_traces == [[]].
+  cistern::DeviceRecord record;
+  cistern::SegmentInfo held;
+  held.address = 0x7f0000000000;
+  held.total_size = 2u << 20;
+  held.blocks = {{held.address, 1024, 1000, cistern::BlockState::active_allocated},
+                 {held.address + 1024, (2u << 20) - 1024, 0, cistern::BlockState::inactive}};
+  record.snapshot.segments = {held};
+  write(temp("no-history.pickle"), cistern::pytorch_snapshot_pickle({record}, cistern::Config{}));
+  const std::string file = temp("no-history.pickle").string();
+  const std::string message =
+      "cistern: " + file +
+      ": the snapshot holds no allocation history (device_traces has no events): it was dumped "
+      "without recording one. Call torch.cuda.memory._record_memory_history() before the work, "
+      "then torch.cuda.memory._dump_snapshot(\"memory.pickle\") after it\n";
+  for (const std::string& command : {"replay ", "replay -q --start warm -p torch ",
+                                     "replay --json - ", "advise ", "advise --json - ", "plan "}) {
+    const Outcome o = run(command + quote(file));
+    EXPECT_EQ(o.code, 3) << command << "\n" << o.err;
+    EXPECT_EQ(o.err, message) << command;
+    EXPECT_EQ(o.out, "") << command;
+  }
+  // `info` still describes what it holds.
+  EXPECT_EQ(run("info " + quote(file)).code, 0);
 }
 
 // --- out of memory ------------------------------------------------------------------------------

@@ -213,6 +213,31 @@ TEST(PyTorchReader, WindowOpeningMidRun) {
   EXPECT_EQ(t.recorded.peak_reserved, static_cast<std::uint64_t>(2 * MiB));
 }
 
+TEST(PyTorchReader, ASnapshotWithoutHistoryIsKnownAsSuch) {
+  // Dumped without _record_memory_history: segments, no event on any device.
+  const PyList segments{segment(base, 2 * MiB,
+                                PyList{block(base, 1024, 1000, "active_allocated"),
+                                       block(base + 1024, 2 * MiB - 1024, 0, "inactive")},
+                                "small")};
+  const trace::Trace without = read(snapshot(segments, PyList{PyList{}}));
+  EXPECT_FALSE(without.recorded.has_history);
+  EXPECT_TRUE(without.events.empty());
+  EXPECT_EQ(without.live_before.size(), 1U);
+  EXPECT_EQ(error_of([&] { trace::require_history(without); }),
+            "snap.pickle: the snapshot holds no allocation history (device_traces has no events): "
+            "it was dumped without recording one. Call "
+            "torch.cuda.memory._record_memory_history() before the work, then "
+            "torch.cuda.memory._dump_snapshot(\"memory.pickle\") after it");
+  // One entry on any device, even one that is not a block's (an oom), is a history.
+  const Py oom = PyDict{{"action", "oom"}, {"size", 4096}, {"device_free", 0},
+                        {"stream", 0},     {"time_us", 1}, {"frames", PyList{}}};
+  const trace::Trace with = read(snapshot(segments, PyList{PyList{oom}}));
+  EXPECT_TRUE(with.recorded.has_history);
+  EXPECT_NO_THROW(trace::require_history(with));
+  // Other formats always have one.
+  EXPECT_NO_THROW(trace::require_history(trace::Trace{}));
+}
+
 TEST(PyTorchReader, LateCompletionsAreKept) {
   const std::int64_t a = base, b = base + 512, c = base + 1024;
   const Py snap = snapshot(

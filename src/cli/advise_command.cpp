@@ -56,9 +56,12 @@ int run_advise(const AdviseArgs& args) {
   const trace::ReadOptions read = read_options(args.input);
   if (args.json == "-" && args.html == "-")
     throw UsageError("--json - and --html - cannot both write to stdout");
+  check_output_path(args.json, "--json");
+  check_output_path(args.html, "--html");
   std::vector<replay::Advice> advice;
   for (const std::string& path : args.traces) {
     for (const trace::Trace& t : trace::read_trace_devices(path, read)) {
+      trace::require_history(t);
       for (const std::string& note : t.recorded.notes)
         if (!args.quiet)
           std::cerr << fmt::format("note: {} (device {}): {}\n", path, t.device, note);

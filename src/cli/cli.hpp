@@ -43,6 +43,13 @@ class UsageError : public std::runtime_error {
 /// reason when it cannot be written.
 void write_output(const std::string& path, const std::string& content, const std::string& what);
 
+/// Checks, before any work, that `write_output(path, ..., what)` could write `path`: that it is
+/// not a folder, that an existing file opens for writing (it is not changed), and that a new one
+/// can be created (it is created and removed). Nothing to check for "" (no output) and "-"
+/// (stdout); devices and pipes are left to the write. Throws `cistern::InvalidArgument` (exit 3)
+/// "<what>: cannot write '<path>': <OS reason>", as the write itself would.
+void check_output_path(const std::string& path, const std::string& what);
+
 /// A registered subcommand: its parser node, and what to run when the user chose it.
 struct Command {
   CLI::App* app = nullptr;

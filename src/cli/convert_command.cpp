@@ -79,6 +79,7 @@ void write_native(const std::string& path, const trace::Trace& t) {
 }
 
 int run_convert(const ConvertArgs& args) {
+  check_output_path(args.output, "convert");
   const trace::Trace t = trace::read_trace(args.input, read_options(args.read));
   if (args.to == "lifetimes") {
     std::size_t dropped = 0;

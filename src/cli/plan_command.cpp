@@ -113,9 +113,12 @@ int run_plan(const PlanArgs& args) {
   std::optional<std::uint64_t> capacity;
   if (!args.capacity.empty()) capacity = bytes_flag(args.capacity, "--capacity");
   const trace::ReadOptions read = read_options(args.input);
+  check_output_path(args.out, "--out");
+  check_output_path(args.json, "--json");
   std::vector<Row> rows;
   for (const std::string& path : args.traces) {
     const trace::Trace trace = trace::read_trace(path, read);
+    trace::require_history(trace);
     const plan::TraceBuffers buffers = plan::buffers_of(trace);
     Row row{path, buffers.buffers.size(), plan::plan(buffers.buffers, options),
             capacity ? capacity : capacity_in_name(path)};

@@ -4,7 +4,6 @@
 // replay engine in parallel, adds PyTorch's recorded figures for snapshots, and reports them as
 // a table, JSON and/or HTML. Exits 4 if any replay ran out of memory at --capacity.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -75,17 +74,6 @@ struct ReplayPlan {
   replay::Options options;
   trace::ReadOptions read;
 };
-
-/// Fails before any work is done when an output file could not be written at the end.
-void require_writable(const std::string& path, const char* flag) {
-  if (path.empty() || path == "-") return;
-  std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  if (folder.empty()) folder = ".";
-  std::error_code error;
-  if (!std::filesystem::is_directory(folder, error) || access(folder.c_str(), W_OK) != 0)
-    throw UsageError(
-        fmt::format("{}: cannot write '{}': no writable folder '{}'", flag, path, folder.string()));
-}
 
 /// The policies a warm start needs to accept, named in the error if one does not.
 void require_warm_policies(const std::vector<replay::Policy>& policies) {
@@ -177,10 +165,10 @@ ReplayPlan make_plan(const ReplayArgs& args) {
   plan.read = read_options(args.input);
   if (args.json == "-" && args.html == "-")
     throw UsageError("--json - and --html - cannot both write to stdout");
-  require_writable(args.json, "--json");
-  require_writable(args.html, "--html");
-  require_writable(args.snapshot, "--snapshot");
   if (args.snapshot == "-") throw UsageError("--snapshot: needs a file name, not '-'");
+  check_output_path(args.json, "--json");
+  check_output_path(args.html, "--html");
+  check_output_path(args.snapshot, "--snapshot");
   return plan;
 }
 
@@ -329,6 +317,7 @@ int run_replay(const ReplayArgs& args) {
   if (on_cuda) require_device_flags(args, plan);
   if (args.touch && !on_cuda) throw UsageError("--touch needs --backend cuda");
   const std::vector<trace::Trace> traces = read_traces(args.traces, plan.read, args.threads);
+  for (const trace::Trace& t : traces) trace::require_history(t);
   if (plan.options.start == replay::Start::warm) require_warm_startable(traces);
   if (!args.quiet) print_notes(traces);
   const std::vector<const trace::Trace*> pointers = pointers_to(traces);

@@ -554,6 +554,7 @@ Trace read_pytorch_snapshot(std::string bytes, const std::string& name,
   WindowReader reader(snapshot, name, trace.device, trace);
   reader.run();
   read_settings(snapshot.settings, trace.recorded);
+  trace.recorded.has_history = !devices_with_events(snapshot).empty();
   add_notes(trace, reader.release_events(), window_length(snapshot, trace.device));
   return trace;
 }

@@ -216,4 +216,13 @@ class Checker {
 
 void Trace::check() const { Checker(*this).run(); }
 
+void require_history(const Trace& trace) {
+  if (trace.recorded.has_history) return;
+  throw InvalidArgument(fmt::format(
+      "{}: the snapshot holds no allocation history (device_traces has no events): it was "
+      "dumped without recording one. Call torch.cuda.memory._record_memory_history() before "
+      "the work, then torch.cuda.memory._dump_snapshot(\"memory.pickle\") after it",
+      trace.source));
+}
+
 }  // namespace cistern::trace

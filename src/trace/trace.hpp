@@ -145,6 +145,10 @@ struct Recorded {
   /// overflowed, a release the format does not explain, ...), one sentence each, for `cistern
   /// info` and the replay's report. Empty when the reader saw nothing of the kind.
   std::vector<std::string> notes;
+  /// False for a PyTorch snapshot whose trace buffers hold no entry on any device
+  /// (`device_traces == [[]]`): dumped without `_record_memory_history`, it has segments but no
+  /// window to replay (require_history).
+  bool has_history = true;
 };
 
 /// One device's allocation trace.
@@ -167,5 +171,10 @@ struct Trace {
   /// live").
   void check() const;
 };
+
+/// Throws `cistern::InvalidArgument` when `trace` has no recorded history to replay (a PyTorch
+/// snapshot dumped without `_record_memory_history`, `Recorded::has_history`), with the calls
+/// that record one. A replay of it would report "0 allocations" as if that were the workload.
+void require_history(const Trace& trace);
 
 }  // namespace cistern::trace
