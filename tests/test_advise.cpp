@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "replay/advise.hpp"
@@ -183,6 +184,55 @@ TEST(Advise, ExpandableSegmentsWinWhereFreedSegmentsMerge) {
     }
   }
   expect_cistern_is_its_replay(t, advice, options);
+}
+
+// The trace of FindsTheSplitThresholdThatAvoidsPinnedSegments: 10 configurations in stage 1 (the
+// defaults, max_split_size_mb 95 and 100, 4 roundings, 2 gc settings, expandable segments), 4
+// lists in stage 2 (around the 95 MiB byte median: keys 64 and 128), in stage 3 the 3 x 4 x 2
+// combinations of (2 splits, 3 roundings, 1 gc setting, or unset) less the 7 tried alone, and
+// the 8 roundings with expandable segments, then cistern: 10 + 4 + 17 + 8 + 1 = 40 replays.
+TEST(Advise, ProgressHasAKnownTotalFromTheFirstReplay) {
+  EXPECT_EQ(most_replays(10, 2, 4, 2, 4), 40u);
+  EXPECT_EQ(most_replays(8, 0, 4, 2, 4), 8u + 4 + (1 * 4 * 2 - 5) + 8 + 1);
+  const trace::Trace t = make_trace({mib(100), -1, mib(12), mib(95), -3, -2});
+  AdviseOptions options;
+  options.threads = 2;
+  std::vector<std::pair<std::size_t, std::size_t>> calls;
+  const Advice advice = advise(
+      t, options, [&](std::size_t done, std::size_t total) { calls.emplace_back(done, total); });
+  ASSERT_FALSE(calls.empty());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].second, 40u) << "call " << i;
+    if (i > 0) EXPECT_GE(calls[i].first, calls[i - 1].first) << "call " << i;
+  }
+  EXPECT_EQ(calls.back(), std::make_pair(std::size_t{40}, std::size_t{40}));
+  // Every configuration could be replayed: the bound was met exactly.
+  EXPECT_EQ(advice.candidates.size(), 39u);
+}
+
+TEST(Advise, EqualFiguresShareARank) {
+  // ExpandableSegmentsWinWhereFreedSegmentsMerge's trace: with expandable segments every rounding
+  // fits the same two pages.
+  const trace::Trace t =
+      make_trace({mib(14), mib(14), -1, -2, mib(12), mib(12), mib(6), -3, -4, -5});
+  AdviseOptions options;
+  options.threads = 2;
+  const Advice advice = advise(t, options);
+  ASSERT_FALSE(advice.candidates.empty());
+  const auto same = [](const AdviceCandidate& a, const AdviceCandidate& b) {
+    return a.min_capacity == b.min_capacity && a.device_allocs == b.device_allocs &&
+           a.device_maps == b.device_maps && a.device_ms == b.device_ms;
+  };
+  EXPECT_EQ(advice.candidates[0].rank, 1u);
+  std::size_t shared = 0;
+  for (std::size_t i = 1; i < advice.candidates.size(); ++i) {
+    const AdviceCandidate& c = advice.candidates[i];
+    const bool tie = same(advice.candidates[i - 1], c);
+    EXPECT_EQ(c.rank, tie ? advice.candidates[i - 1].rank : i + 1) << c.config;
+    shared += tie ? 1 : 0;
+  }
+  EXPECT_GT(shared, 0u);
+  EXPECT_EQ(advice.cistern.rank, 0u);  // cistern is beside the ranking, not in it
 }
 
 TEST(Advise, BaselineIsTheTracesOwnSettings) {

@@ -933,8 +933,21 @@ TEST_F(Cli, AdviseSaysToLeaveTheVariablesUnsetWhenTheDefaultsAreBest) {
   EXPECT_EQ(r.at("best").at("config"), "");
   EXPECT_EQ(r.at("best").at("min_capacity"), 2u << 20);
   EXPECT_EQ(r.at("variables").at("PYTORCH_ALLOC_CONF"), "");
+  // Equal figures share a rank ("1, 1, ..., 10, 10, ..., 19"): 9 configurations take one 2 MiB
+  // segment, 9 map one page instead (expandable segments), 5 set a memory fraction.
+  std::map<std::uint64_t, std::size_t> ranks;
+  for (const json& c : r.at("candidates")) ++ranks[c.at("rank").get<std::uint64_t>()];
+  EXPECT_EQ(ranks, (std::map<std::uint64_t, std::size_t>{{1, 9}, {10, 9}, {19, 5}}));
   const Outcome table = run("advise " + quote(temp("one.csv").string()));
   ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("        1     2.00 MiB    0.00%          1      0       0.05  "
+                           "roundup_power2_divisions:16\n"),
+            std::string::npos)
+      << table.out;
+  EXPECT_NE(table.out.find("       10     2.00 MiB    0.00%          0      1       0.05  "
+                           "expandable_segments:True\n"),
+            std::string::npos)
+      << table.out;
   EXPECT_NE(table.out.find("  PyTorch's defaults need the least: leave PYTORCH_ALLOC_CONF and "
                            "PYTORCH_CUDA_ALLOC_CONF unset\n"),
             std::string::npos)

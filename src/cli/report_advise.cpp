@@ -115,7 +115,7 @@ std::string format_advice_table(const std::vector<replay::Advice>& advice, std::
                        "saving", "cudaMalloc", "maps", "device_ms", kVariable);
     for (std::size_t i = 0; i < a.candidates.size() && i < rows; ++i) {
       const replay::AdviceCandidate& c = a.candidates[i];
-      out += fmt::format("  {:>7} {:>12} {:>8} {:>10} {:>6} {:>10.2f}  {}\n", i + 1,
+      out += fmt::format("  {:>7} {:>12} {:>8} {:>10} {:>6} {:>10.2f}  {}\n", c.rank,
                          format_bytes(c.min_capacity),
                          saving_text(c.min_capacity, a.baseline.min_capacity), c.device_allocs,
                          c.device_maps, c.device_ms, shown(c.config));
@@ -138,7 +138,10 @@ nlohmann::ordered_json advice_json(const std::vector<replay::Advice>& advice) {
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const replay::Advice& a : advice) {
     nlohmann::ordered_json candidates = nlohmann::ordered_json::array();
-    for (const replay::AdviceCandidate& c : a.candidates) candidates.push_back(figures_json(c));
+    for (const replay::AdviceCandidate& c : a.candidates) {
+      candidates.push_back(figures_json(c));
+      candidates.back()["rank"] = c.rank;
+    }
     nlohmann::ordered_json row;
     row["trace"] = a.trace;
     row["device"] = a.device;
@@ -180,7 +183,7 @@ std::string advice_section_html(const replay::Advice& a, std::size_t rows) {
     out += fmt::format(
         "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{:.2f}</td></tr>",
-        i + 1, html::esc(shown(c.config)), format_bytes(c.min_capacity),
+        c.rank, html::esc(shown(c.config)), format_bytes(c.min_capacity),
         saving_text(c.min_capacity, a.baseline.min_capacity), c.device_allocs, c.device_maps,
         c.device_ms);
   }

@@ -13,7 +13,8 @@
 
 namespace cistern::cli {
 
-/// Per trace: the baseline, the `rows` best configurations (min_capacity, saving against the
+/// Per trace: the baseline, the `rows` best configurations (rank, shared by equal figures;
+/// min_capacity, saving against the
 /// baseline, cudaMalloc calls, page maps, simulated device ms, the PYTORCH_ALLOC_CONF string),
 /// a row for cistern's own allocator, cistern's figure against the best setting in words, and
 /// the shell lines that set the best one (`export PYTORCH_ALLOC_CONF='...'`, then the older
@@ -26,7 +27,8 @@ std::string format_advice_table(const std::vector<replay::Advice>& advice, std::
 /// leave unset), "cistern": {"policy": "cistern", "min_capacity", "device_allocs",
 /// "device_maps", "device_ms", "saving_vs_best" (fraction of best's min_capacity, negative when
 /// cistern needs more)} (or {"policy", "min_capacity": null, "error"}), "seconds",
-/// "candidates": [{as best}, ...]}]}`, candidates best first.
+/// "candidates": [{as best, "rank"}, ...]}]}`, candidates best first; candidates with the same
+/// figures share a rank (AdviceCandidate::rank).
 nlohmann::ordered_json advice_json(const std::vector<replay::Advice>& advice);
 
 /// One trace's section of the HTML report: the `rows` best configurations as a table.

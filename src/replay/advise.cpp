@@ -55,16 +55,25 @@ bool better(const AdviceCandidate& a, const AdviceCandidate& b) {
   return a.config < b.config;
 }
 
-/// The configurations tried so far and the replays that try new ones.
+/// Whether `a` and `b` have the same figures: they share a rank.
+bool same_figures(const AdviceCandidate& a, const AdviceCandidate& b) {
+  return a.min_capacity == b.min_capacity && a.device_allocs == b.device_allocs &&
+         a.device_maps == b.device_maps && a.device_ms == b.device_ms;
+}
+
+/// The configurations tried so far and the replays that try new ones. Progress counts replays
+/// against a total fixed before the first (`most_replays`).
 class Search {
  public:
   Search(const trace::Trace& trace, const AdviseOptions& options,
-         const std::function<void(std::size_t, std::size_t)>& progress)
-      : trace_(trace), options_(options), progress_(progress) {}
+         const std::function<void(std::size_t, std::size_t)>& progress, std::size_t total)
+      : trace_(trace), options_(options), progress_(progress), total_(total) {}
 
   /// Replays, in parallel, every configuration of `configs` not tried yet, for `label`'s
-  /// allocator ("torch" or "cistern").
-  void evaluate(const std::vector<std::string>& configs, const std::string& label = "torch") {
+  /// allocator ("torch" or "cistern"): at most `most` of them, the share of the total this
+  /// stage was given; what it leaves unused counts as done when it ends.
+  void evaluate(const std::vector<std::string>& configs, std::size_t most,
+                const std::string& label = "torch") {
     std::vector<Policy> policies;
     std::vector<std::string> names;
     for (const std::string& config : configs) {
@@ -83,25 +92,12 @@ class Search {
         candidate.error = e.what();
       }
     }
-    if (policies.empty()) return;
-    const std::size_t before = done_;
-    const std::vector<Result> rows =
-        run_all({&trace_}, policies, options_.replay, true, options_.threads,
-                [&](std::size_t done, std::size_t total) {
-                  if (progress_) progress_(before + done, before + total);
-                });
-    std::size_t next = 0;
-    for (const Result& row : rows) {
-      if (row.policy == "recorded") continue;
-      AdviceCandidate& candidate = tried_[names.at(next++)];
-      candidate.min_capacity = row.min_capacity.value_or(0);
-      candidate.device_allocs = row.device_allocs;
-      candidate.device_maps = row.device_maps;
-      candidate.device_ms = row.device_ms.value_or(0);
-      candidate.error = row.error;
-      if (candidate.error.empty() && !row.min_capacity) candidate.error = "no min_capacity found";
-    }
-    done_ += policies.size();
+    // Never more than the stage's share (most_replays is a bound); if it were, the total
+    // would grow rather than the bar pass 100%.
+    total_ += policies.size() - std::min(policies.size(), most);
+    if (!policies.empty()) replay_all(policies, names);
+    done_ += std::max(most, policies.size());
+    if (progress_) progress_(done_, total_);
   }
 
   /// A configuration tried before (an error row if it was never tried).
@@ -128,17 +124,40 @@ class Search {
     return out;
   }
 
-  /// Every torch configuration replayed without error, best first.
+  /// Every torch configuration replayed without error, best first, ranked.
   std::vector<AdviceCandidate> ranking() const {
     std::vector<AdviceCandidate> out;
     for (const auto& [name, candidate] : tried_) {
       if (name.rfind("torch|", 0) == 0 && candidate.error.empty()) out.push_back(candidate);
     }
     std::sort(out.begin(), out.end(), better);
+    for (std::size_t i = 0; i < out.size(); ++i)
+      out[i].rank = i > 0 && same_figures(out[i - 1], out[i]) ? out[i - 1].rank : i + 1;
     return out;
   }
 
  private:
+  /// Replays `policies` (named `names` in `tried_`) and records their figures.
+  void replay_all(const std::vector<Policy>& policies, const std::vector<std::string>& names) {
+    // run_all counts the trace's recorded row as a job too: progress counts the policies only.
+    const std::vector<Result> rows =
+        run_all({&trace_}, policies, options_.replay, true, options_.threads,
+                [&](std::size_t done, std::size_t) {
+                  if (progress_) progress_(done_ + std::min(done, policies.size()), total_);
+                });
+    std::size_t next = 0;
+    for (const Result& row : rows) {
+      if (row.policy == "recorded") continue;
+      AdviceCandidate& candidate = tried_[names.at(next++)];
+      candidate.min_capacity = row.min_capacity.value_or(0);
+      candidate.device_allocs = row.device_allocs;
+      candidate.device_maps = row.device_maps;
+      candidate.device_ms = row.device_ms.value_or(0);
+      candidate.error = row.error;
+      if (candidate.error.empty() && !row.min_capacity) candidate.error = "no min_capacity found";
+    }
+  }
+
   static std::string key(const std::string& label, const std::string& config) {
     return label + "|" + config;
   }
@@ -147,7 +166,8 @@ class Search {
   const AdviseOptions& options_;
   const std::function<void(std::size_t, std::size_t)>& progress_;
   std::map<std::string, AdviceCandidate> tried_;  ///< by "label|config"
-  std::size_t done_ = 0;
+  std::size_t done_ = 0;   ///< replays run, and the unused shares of stages that ended
+  std::size_t total_ = 0;  ///< replays planned
 };
 
 /// Stage 1 (see advise.hpp) for one option: its values as configuration strings.
@@ -182,7 +202,30 @@ std::vector<std::string> with_unset(std::vector<std::string> values) {
   return values;
 }
 
+/// `values` without repeats, in their first order.
+std::vector<std::string> distinct(const std::vector<std::string>& values) {
+  std::vector<std::string> out;
+  for (const std::string& value : values)
+    if (std::find(out.begin(), out.end(), value) == out.end()) out.push_back(value);
+  return out;
+}
+
+/// The most configurations of stage 3 that no earlier stage tried, for `splits`, `roundings`
+/// and `gcs` values tried alone: the combinations of the 3 best splits, the 3 best roundings and
+/// the best gc setting, each or unset, less those with at most one option set (tried alone),
+/// and every rounding with expandable segments (alone, tried in stage 1).
+std::size_t most_new_combinations(std::size_t splits, std::size_t roundings, std::size_t gcs) {
+  const std::size_t s = std::min<std::size_t>(splits, 3), r = std::min<std::size_t>(roundings, 3),
+                    g = std::min<std::size_t>(gcs, 1);
+  return (s + 1) * (r + 1) * (g + 1) - (1 + s + r + g) + roundings;
+}
+
 }  // namespace
+
+std::size_t most_replays(std::size_t stage1, std::size_t splits, std::size_t singles,
+                         std::size_t gcs, std::size_t lists) {
+  return stage1 + lists + most_new_combinations(splits, singles + lists, gcs) + 1;
+}
 
 std::vector<std::uint64_t> max_split_values(const trace::Trace& trace, std::size_t limit) {
   std::vector<std::uint64_t> mib;
@@ -245,7 +288,6 @@ std::vector<std::string> division_lists(const trace::Trace& trace, unsigned divi
 Advice advise(const trace::Trace& trace, const AdviseOptions& options,
               const std::function<void(std::size_t, std::size_t)>& progress) {
   const auto start = std::chrono::steady_clock::now();
-  Search search(trace, options, progress);
   const std::string baseline = recorded_config(trace).to_string();
 
   // Stage 1: each option alone, the defaults and the trace's own settings.
@@ -256,7 +298,12 @@ Advice advise(const trace::Trace& trace, const AdviseOptions& options,
   std::vector<std::string> stage1{"", baseline};
   for (const auto* group : {&splits, &singles, &gcs, &expandables})
     stage1.insert(stage1.end(), group->begin(), group->end());
-  search.evaluate(stage1);
+  stage1 = distinct(stage1);
+  // Stage 2 tries as many lists whatever the best single value (above 1) turns out to be.
+  const std::size_t list_count = division_lists(trace, kSingleDivisions[0]).size();
+  Search search(trace, options, progress,
+                most_replays(stage1.size(), splits.size(), singles.size(), gcs.size(), list_count));
+  search.evaluate(stage1, stage1.size());
   if (!search.get("").error.empty()) {
     throw Error(fmt::format("advise: {} cannot be replayed on the torch emulation: {}",
                             trace.source, search.get("").error));
@@ -265,15 +312,16 @@ Advice advise(const trace::Trace& trace, const AdviseOptions& options,
   // Stage 2: per-size lists around the byte-weighted median, with the best single value.
   const std::vector<std::string> lists =
       division_lists(trace, best_single_division(search, singles));
-  search.evaluate(lists);
+  search.evaluate(lists, list_count);
 
   // Stage 3: combinations of each option's best values, and expandable segments with every
   // rounding (their blocks are cut to the rounded sizes, so the best rounding may differ).
   std::vector<std::string> roundings = singles;
   roundings.insert(roundings.end(), lists.begin(), lists.end());
   search.evaluate(combine_options(search.best_of(splits, 3), search.best_of(roundings, 3),
-                                  search.best_of(gcs, 1), roundings));
-  search.evaluate({""}, "cistern");
+                                  search.best_of(gcs, 1), roundings),
+                  most_new_combinations(splits.size(), roundings.size(), gcs.size()));
+  search.evaluate({""}, 1, "cistern");
 
   Advice advice;
   advice.trace = trace.source;

@@ -48,6 +48,10 @@ struct AdviceCandidate {
   std::uint64_t device_maps = 0;    ///< its page mappings (expandable segments)
   double device_ms = 0;             ///< their simulated device time (cost model)
   std::string error;  ///< why the configuration could not be replayed, if it could not
+  /// Its place in `Advice::candidates`, from 1; candidates with the same figures (min_capacity,
+  /// device_allocs, device_maps, device_ms) share the place of the first of them ("1, 1, 3").
+  /// 0 outside the ranking.
+  std::size_t rank = 0;
 };
 
 /// What `advise` found for one trace.
@@ -90,9 +94,19 @@ std::vector<std::string> combine_options(const std::vector<std::string>& splits,
                                          const std::vector<std::string>& gcs,
                                          const std::vector<std::string>& expandable_roundings);
 
+/// The most replays `advise` runs for a trace whose stage 1 tries `splits` max_split_size_mb
+/// values and `singles` roundup_power2_divisions values, `gcs` garbage-collection settings and
+/// `stage1` configurations in all (duplicates removed), and whose stage 2 tries `lists` lists:
+/// stages 1 and 2, stage 3's combinations that no earlier stage tried (if every option's best
+/// values could be replayed), and cistern's own replay.
+std::size_t most_replays(std::size_t stage1, std::size_t splits, std::size_t singles,
+                         std::size_t gcs, std::size_t lists);
+
 /// Searches PyTorch's options for `trace` (see the file comment). `progress(done, total)` is
-/// called from the calling thread as replays finish (total grows from stage to stage). Throws
-/// `cistern::Error` when the trace cannot be replayed at all.
+/// called from the calling thread as replays finish; `total` is `most_replays` for the trace
+/// from the first call on and never changes, and `done` only grows (by a stage's unused
+/// replays at its end, where fewer configurations than the most were left to try), reaching
+/// `total` at the last call. Throws `cistern::Error` when the trace cannot be replayed at all.
 Advice advise(const trace::Trace& trace, const AdviseOptions& options,
               const std::function<void(std::size_t, std::size_t)>& progress = {});
 
