@@ -81,11 +81,17 @@ void simulated() {
 }
 
 // The CCCL adaptor and the plug-in's C ABI, as CUDA code would use them.
+#if CCCL_MAJOR_VERSION * 1000 + CCCL_MINOR_VERSION >= 3001
+static_assert(cuda::mr::resource<cistern::cccl::memory_resource>, "cuda::mr adaptor");
+#else
 static_assert(cuda::mr::async_resource<cistern::cccl::memory_resource>, "cuda::mr adaptor");
+#endif
 void plugin_and_cccl(cistern::CachingAllocator& allocator, cudaStream_t native) {
   cistern::cccl::memory_resource resource(allocator);
   void* p = resource.allocate_async(256, cuda::stream_ref(native));
   resource.deallocate_async(p, 256, cuda::stream_ref(native));
+  void* r = resource.allocate(cuda::stream_ref(native), 256, 256);  // CCCL 3.1's stream-first form
+  resource.deallocate(cuda::stream_ref(native), r, 256, 256);
   void* q = cistern_malloc(256, 0, native);
   cistern_free(q, 256, 0, native);
   (void)cistern::pytorch_snapshot_pickle(allocator);
