@@ -10,8 +10,15 @@ or, for a region only (PyTorch >= 2.5, Unix):
         model = build()                    # these tensors live in a MemPool served by cistern
 
 `enable()` must run before PyTorch allocates any CUDA memory (PyTorch refuses to swap an
-allocator that is in use). torch.cuda.memory_stats() and memory._snapshot() do not work with a
-pluggable allocator; use cistern.torch.memory_stats() and snapshot() instead.
+allocator that is in use).
+
+Statistics. Under a pluggable allocator PyTorch's own torch.cuda.memory_stats() and the calls
+built on it raise. enable() therefore has cistern answer them, with PyTorch's key names and
+semantics: torch.cuda.memory_stats(), memory_allocated(), max_memory_allocated(),
+memory_reserved(), max_memory_reserved(), reset_peak_memory_stats(),
+reset_accumulated_memory_stats() and memory_summary() (PyTorch's table). enable(memory_api=False),
+or CISTERN_TORCH_MEMORY_API=0 in the environment, leaves PyTorch's functions in place.
+memory._snapshot() is not replaced: use cistern.torch.snapshot().
 
 Out of memory. PyTorch's pluggable allocator does not check the pointer its allocation function
 returns, so cistern must raise instead. At first use cistern.torch compiles a small C++ glue
@@ -38,10 +45,12 @@ import os
 import re
 
 import cistern
+from cistern import _torch_memory
 from cistern._library import load, path as library_path
 
 __all__ = ["enable", "is_enabled", "allocator", "pool_allocator", "mem_pool", "oom_route",
-           "oom_route_detail", "memory_stats", "snapshot", "write_snapshot", "empty_cache"]
+           "oom_route_detail", "memory_stats", "memory_summary", "memory_api_installed",
+           "snapshot", "write_snapshot", "empty_cache"]
 
 logger = logging.getLogger("cistern.torch")
 
@@ -256,15 +265,38 @@ def _attach_pool_observer(torch):
     _pool_observer = True
 
 
-def enable():
+def _memory_api_wanted(memory_api):
+    if memory_api is not None:
+        return bool(memory_api)
+    setting = os.environ.get("CISTERN_TORCH_MEMORY_API", "1").lower()
+    return setting not in ("0", "false", "off", "no")
+
+
+def enable(memory_api=None):
     """Makes cistern PyTorch's CUDA allocator for the whole process. Call it before the first
-    CUDA allocation; calling it again does nothing."""
+    CUDA allocation; calling it again does nothing. `memory_api`: whether torch.cuda.memory_stats()
+    and the calls built on it answer from cistern (see the module's comment); None: yes, unless
+    CISTERN_TORCH_MEMORY_API is 0, false, off or no."""
     global _enabled
     if _enabled:
         return
     torch = _torch()
     torch.cuda.memory.change_current_allocator(allocator())
     _enabled = True
+    if _memory_api_wanted(memory_api):
+        _torch_memory.install(torch)
+
+
+def memory_api_installed():
+    """Whether torch.cuda.memory_stats() and its kin answer from cistern (enable() put them in)."""
+    return _torch_memory.installed()
+
+
+def memory_summary(device=None, abbreviated=False):
+    """torch.cuda.memory_summary()'s table from cistern's statistics of `device` (default: the
+    current one)."""
+    index = _torch_memory.device_index(_torch(), device)
+    return _torch_memory.summary(cistern.memory_stats(index), index, abbreviated)
 
 
 def is_enabled():

@@ -13,10 +13,17 @@ def _address(lib, name):
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
+PLUGGABLE_STATS_ERROR = ("CUDAPluggableAllocator does not yet support getDeviceStats. If you "
+                         "need it, please file an issue describing your use case.")
+
+
 class TorchStandIn:
     """torch with torch.cuda.memory.CUDAPluggableAllocator, change_current_allocator, MemPool,
     use_mem_pool, init, and torch.utils.cpp_extension.load, whose outcome per build name is
-    `builds` ({"cistern_torch_glue_pool": path or an exception})."""
+    `builds` ({"cistern_torch_glue_pool": path or an exception}). Its statistics calls
+    (torch.cuda.memory_stats, memory_allocated, ..., memory_summary, on torch.cuda and
+    torch.cuda.memory) behave as PyTorch's do under a pluggable allocator: they raise
+    RuntimeError(PLUGGABLE_STATS_ERROR)."""
 
     def __init__(self, builds, version="2.11.0+standin"):
         self.builds = builds
@@ -70,6 +77,14 @@ class TorchStandIn:
                 raise outcome
             return outcome
 
+        def refused(*args, **kwargs):
+            raise RuntimeError(PLUGGABLE_STATS_ERROR)
+
+        for name in ("memory_stats", "memory_allocated", "max_memory_allocated",
+                     "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
+                     "reset_accumulated_memory_stats", "memory_summary"):
+            setattr(memory, name, refused)
+            setattr(cuda, name, refused)  # torch.cuda re-exports torch.cuda.memory's
         memory.CUDAPluggableAllocator = CUDAPluggableAllocator
         memory.change_current_allocator = lambda a: stand_in.calls.append(("change", a))
         cuda.memory = memory

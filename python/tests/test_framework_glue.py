@@ -6,17 +6,19 @@ NULL-returning one under enable()), what is logged and reported, and that CuPy c
 cupy.cuda.memory.OutOfMemoryError with cistern's message. The glue "built" here is the library
 CMake compiles from _torch_glue.cpp against a c10 stand-in ($CISTERN_TEST_TORCH_GLUE); the
 real build against PyTorch runs on a GPU machine (scripts/gpu_frameworks.py)."""
+import collections
 import ctypes
 import gc
 import importlib
 import os
 import tempfile
+import types
 import unittest
 
 import cistern
 import cistern.cupy
 import cistern.torch
-from cistern import _library
+from cistern import _library, _torch_memory
 from tests.stand_ins import CupyStandIn, TorchStandIn, installed
 
 MiB = 1 << 20
@@ -199,6 +201,137 @@ class TorchRoutes(SimulatedBackend):
                          "glue.cpp:3:10: fatal error: c10/util/Exception.h: No such file")
         self.assertEqual(cistern.torch._first_line(RuntimeError("\n  no ninja\n")), "no ninja")
         self.assertEqual(cistern.torch._first_line(OSError()), "OSError")
+
+
+class TorchMemoryCalls(SimulatedBackend):
+    """torch.cuda.memory_* answered by cistern after enable() (cistern/_torch_memory.py)."""
+
+    NAMES = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+             "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+             "memory_summary")
+
+    def setUp(self):
+        super().setUp()
+        os.environ["CISTERN_TORCH_EXTENSION"] = "0"  # the fallback route: no glue to build
+        self.saved_api = os.environ.pop("CISTERN_TORCH_MEMORY_API", None)
+        self.torch = TorchStandIn({})
+
+    def tearDown(self):
+        _torch_memory.restore()
+        if self.saved_api is not None:
+            os.environ["CISTERN_TORCH_MEMORY_API"] = self.saved_api
+        super().tearDown()
+
+    def malloc(self, size):
+        ptr = self.lib.cistern_malloc(size, 0, None)
+        self.assertTrue(ptr)
+        return ptr
+
+    def test_the_calls_answer_with_pytorchs_names_and_semantics(self):
+        with installed(self.torch):
+            with self.assertLogs("cistern.torch", "WARNING"):  # the fallback route is logged
+                cistern.torch.enable()
+            self.assertTrue(cistern.torch.memory_api_installed())
+            torch = self.torch.modules["torch"]
+            small, large = self.malloc(1000), self.malloc(3 * MiB)
+            # Segments as cistern's defaults size them: a 2 MiB small one and a large one.
+            reserved = cistern.memory_stats(0)["reserved_bytes.all.current"]
+            self.assertGreater(reserved, 2 * MiB + 3 * MiB)
+            for module in (torch.cuda, torch.cuda.memory):
+                for device in (None, 0, "cuda", "cuda:0", types.SimpleNamespace(type="cuda",
+                                                                                 index=0)):
+                    self.assertEqual(module.memory_allocated(device), 1024 + 3 * MiB)
+                    self.assertEqual(module.memory_reserved(device=device), reserved)
+            stats = torch.cuda.memory_stats()
+            self.assertIsInstance(stats, collections.OrderedDict)
+            self.assertEqual(list(stats), sorted(stats))  # sorted by key, as PyTorch's
+            self.assertEqual(dict(stats), cistern.memory_stats(0))
+            self.assertEqual(stats["allocation.all.current"], 2)
+            self.assertEqual(stats["requested_bytes.all.current"], 1000 + 3 * MiB)
+
+            self.lib.cistern_free(large, 3 * MiB, 0, None)
+            self.assertEqual(torch.cuda.memory_allocated(), 1024)
+            self.assertEqual(torch.cuda.max_memory_allocated(), 1024 + 3 * MiB)
+            self.assertEqual(torch.cuda.max_memory_reserved(), reserved)
+            torch.cuda.reset_peak_memory_stats()
+            self.assertEqual(torch.cuda.max_memory_allocated(0), 1024)
+            self.assertEqual(torch.cuda.memory_stats()["allocation.all.allocated"], 2)
+            torch.cuda.memory.reset_accumulated_memory_stats(0)
+            self.assertEqual(torch.cuda.memory_stats()["allocation.all.allocated"], 0)
+            self.assertEqual(torch.cuda.memory_stats()["allocation.all.current"], 1)
+            self.lib.cistern_free(small, 1000, 0, None)
+            with self.assertRaisesRegex(ValueError, "Expected a cuda device, but got: cpu"):
+                torch.cuda.memory_allocated("cpu")
+
+    def test_memory_summary_is_pytorchs_table(self):
+        with installed(self.torch), self.assertLogs("cistern.torch", "WARNING"):
+            cistern.torch.enable()
+            torch = self.torch.modules["torch"]
+            small, large = self.malloc(1000), self.malloc(3 * MiB)
+            self.lib.cistern_free(large, 3 * MiB, 0, None)
+            text = torch.cuda.memory_summary()
+            self.assertEqual(torch.cuda.memory.memory_summary(device=0), text)
+            self.assertEqual(cistern.torch.memory_summary(0), text)
+            short = torch.cuda.memory_summary(abbreviated=True)
+            self.lib.cistern_free(small, 1000, 0, None)
+        lines = text.split("\n")
+        self.assertEqual(lines[-1], "")
+        lines = lines[:-1]
+        # 6 heading lines, 9 metrics of 4 lines (a rule, all, large pool, small pool), 2 of 2,
+        # the closing rule; every line 77 characters between its bars.
+        self.assertEqual(len(lines), 6 + 9 * 4 + 2 * 2 + 1)
+        for line in lines:
+            self.assertEqual((len(line), line[0], line[-1]), (77, "|", "|"), line)
+        self.assertEqual(lines[:6], [
+            "|" + "=" * 75 + "|",
+            "|                  PyTorch CUDA memory summary, device ID 0                 |",
+            "|" + "-" * 75 + "|",
+            "|            CUDA OOMs: 0            |        cudaMalloc retries: 0         |",
+            "|" + "=" * 75 + "|",
+            "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |"])
+        # Units follow the "all" row of each metric: KiB for 3 MiB (from 768 KiB up).
+        self.assertEqual(lines[6:10], [
+            "|" + "-" * 75 + "|",
+            "| Allocated memory      |   1024 B   |   3073 KiB |   3073 KiB |   3072 KiB |",
+            "|       from large pool |      0 B   |   3072 KiB |   3072 KiB |   3072 KiB |",
+            "|       from small pool |   1024 B   |      1 KiB |      1 KiB |      0 KiB |"])
+        self.assertIn("| Allocations           |       1    |       2    |       2    |       1    |",
+                      lines)
+        self.assertEqual(lines[-5:], [
+            "|" + "-" * 75 + "|",
+            "| Oversize allocations  |       0    |       0    |       0    |       0    |",
+            "|" + "-" * 75 + "|",
+            "| Oversize GPU segments |       0    |       0    |       0    |       0    |",
+            "|" + "=" * 75 + "|"])
+        # Abbreviated: the "all" rows only.
+        self.assertEqual(len(short.split("\n")) - 1, 6 + 9 * 2 + 2 * 2 + 1)
+        self.assertNotIn("from large pool", short)
+
+    def test_opting_out_leaves_pytorchs_calls(self):
+        for opt_out in ("argument", "environment"):
+            importlib.reload(cistern.torch)
+            torch = TorchStandIn({})
+            with installed(torch), self.assertLogs("cistern.torch", "WARNING"):
+                if opt_out == "argument":
+                    cistern.torch.enable(memory_api=False)
+                else:
+                    os.environ["CISTERN_TORCH_MEMORY_API"] = "0"
+                    cistern.torch.enable()
+                    del os.environ["CISTERN_TORCH_MEMORY_API"]
+                self.assertFalse(cistern.torch.memory_api_installed())
+                for name in self.NAMES:
+                    with self.assertRaisesRegex(RuntimeError, "does not yet support getDevice"):
+                        getattr(torch.modules["torch"].cuda, name)()
+
+    def test_restore_puts_pytorchs_functions_back(self):
+        with installed(self.torch), self.assertLogs("cistern.torch", "WARNING"):
+            cuda = self.torch.modules["torch"].cuda
+            originals = {name: getattr(cuda, name) for name in self.NAMES}
+            cistern.torch.enable()
+            self.assertEqual(cuda.memory_allocated(), 0)
+            _torch_memory.restore()
+            self.assertEqual({name: getattr(cuda, name) for name in self.NAMES}, originals)
+            self.assertFalse(cistern.torch.memory_api_installed())
 
 
 class CupyRoute(SimulatedBackend):
