@@ -40,7 +40,7 @@ def device_index(torch, device):
 
 
 def _format_size(size, reference):
-    """A byte count in the unit that suits `reference` (the first row of its metric): "  1024 KiB"."""
+    """A byte count in the unit that suits `reference` (its metric's first row): "  1024 KiB"."""
     unit = "B  "
     for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         if reference < 768 * 1024:

@@ -295,8 +295,8 @@ class TorchMemoryCalls(SimulatedBackend):
             "| Allocated memory      |   1024 B   |   3073 KiB |   3073 KiB |   3072 KiB |",
             "|       from large pool |      0 B   |   3072 KiB |   3072 KiB |   3072 KiB |",
             "|       from small pool |   1024 B   |      1 KiB |      1 KiB |      0 KiB |"])
-        self.assertIn("| Allocations           |       1    |       2    |       2    |       1    |",
-                      lines)
+        allocations = "| Allocations           |       1    |       2    |       2    |       1    |"
+        self.assertIn(allocations, lines)
         self.assertEqual(lines[-5:], [
             "|" + "-" * 75 + "|",
             "| Oversize allocations  |       0    |       0    |       0    |       0    |",
