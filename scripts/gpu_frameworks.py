@@ -18,7 +18,10 @@ memory-fraction hook). Between rows the model and optimizer are deleted, gc.coll
 empty_cache() and the peak statistics are reset; each row builds the model afresh with the same
 seed. An out-of-memory step is caught (`except torch.OutOfMemoryError`), skipped, and training
 goes on. Per row: the out-of-memory steps, peak reserved, peak allocated, median step time
-(completed steps, the first excluded), the error type and message of the first out of memory.
+(completed steps, the first excluded), the error type and message of the first out of memory,
+and, under cistern, whether torch.cuda's own statistics calls (memory_allocated,
+max_memory_allocated, memory_reserved, max_memory_reserved, memory_stats, memory_summary) give
+cistern's figures, as enable() has them do (the report counts the runs that agree).
 The fragmentation case, under a 4 GiB cap: a 3000 MiB tensor is allocated and freed (the cache
 holds it), thirty 100 MiB tensors are allocated, every other one is freed (1.5 GiB free as
 fifteen 100 MiB holes between live tensors), then 1.5 GiB is asked for: served or out of
@@ -333,6 +336,22 @@ def summary_table(results, framework, allocators):
     return lines
 
 
+def torch_api_lines(results):
+    """torch.cuda.memory_* under cistern.torch.enable() (TorchMemory.torch_api), over the
+    training runs: how many agreed with cistern's statistics, and the first that did not."""
+    answers = [(row, r["torch_api"]) for (f, a, row), r in sorted(results.items())
+               if f == "torch" and "torch_api" in r]
+    if not answers:
+        return []
+    agreed = sum(1 for _, answer in answers if answer == "agree")
+    line = ("- torch.cuda.memory_* under cistern.torch.enable(): agree with cistern's statistics "
+            "in %d of %d runs" % (agreed, len(answers)))
+    first = next(((row, answer) for row, answer in answers if answer != "agree"), None)
+    if first:
+        line += "; %s: %s" % first
+    return ["", line]
+
+
 def markdown(meta, events):
     """The report: what ran and how, then one table per part."""
     results = row_results(events)
@@ -357,6 +376,7 @@ def markdown(meta, events):
         lines += [""] + oom_table(results)
     if any(row == FRAGMENTATION for (_, _, row) in results):
         lines += [""] + fragmentation_table(results)
+    lines += torch_api_lines(results)
     mempool = results.get(("torch", "native", MEMPOOL))
     if mempool:
         lines += ["", "### cistern.torch.mem_pool(): 2 GiB asked for under a cistern limit of "
@@ -626,10 +646,29 @@ class TorchMemory:
             s = self.cistern.memory_stats(0)
             return {"peak_reserved": s["reserved_bytes.all.peak"],
                     "peak_allocated": s["allocated_bytes.all.peak"],
-                    "reserved": s["reserved_bytes.all.current"]}
+                    "reserved": s["reserved_bytes.all.current"],
+                    "torch_api": self.torch_api(s)}
         return {"peak_reserved": self.torch.cuda.max_memory_reserved(0),
                 "peak_allocated": self.torch.cuda.max_memory_allocated(0),
                 "reserved": self.torch.cuda.memory_reserved(0)}
+
+    def torch_api(self, s):
+        """Under cistern.torch.enable(): whether torch.cuda's own calls give cistern's figures
+        `s` ("agree"), which differ, or the error one raised."""
+        cuda = self.torch.cuda
+        calls = {"memory_allocated": ("allocated_bytes.all.current", cuda.memory_allocated),
+                 "max_memory_allocated": ("allocated_bytes.all.peak", cuda.max_memory_allocated),
+                 "memory_reserved": ("reserved_bytes.all.current", cuda.memory_reserved),
+                 "max_memory_reserved": ("reserved_bytes.all.peak", cuda.max_memory_reserved)}
+        try:
+            differ = [name for name, (key, call) in sorted(calls.items()) if call(0) != s[key]]
+            if cuda.memory_stats(0)["allocation.all.current"] != s["allocation.all.current"]:
+                differ.append("memory_stats")
+            if "PyTorch CUDA memory summary" not in cuda.memory_summary(0):
+                differ.append("memory_summary")
+        except Exception as error:  # PyTorch's own call, raising under a pluggable allocator
+            return "%s: %s" % (type(error).__name__, str(error).split("\n")[0][:200])
+        return "differ: " + ", ".join(differ) if differ else "agree"
 
 
 def _gpt(torch, vocab, width, heads, layers):

@@ -131,10 +131,10 @@ class RowsFile(unittest.TestCase):
                   peak_allocated=4 * GiB, median_ms=33.0, oom_type="torch.OutOfMemoryError"),
             event("torch", "cistern", "uncapped", label="cistern (defaults)", steps=28, ooms=0,
                   peak_reserved=int(4.1 * GiB), peak_allocated=4 * GiB, median_ms=31.5,
-                  last_loss=7.25),
+                  last_loss=7.25, torch_api="agree"),
             event("torch", "cistern", "cap1.02", label="cistern (defaults)", steps=28, ooms=0,
                   cap=gf.cap_bytes(4 * GiB, 1.02), peak_reserved=int(4.07 * GiB),
-                  peak_allocated=4 * GiB, median_ms=32.0),
+                  peak_allocated=4 * GiB, median_ms=32.0, torch_api="differ: memory_summary"),
             event("torch", "cistern", "cap1.00", label="cistern (defaults)", status="crashed",
                   detail="the worker died (exit -11): Segmentation | fault"),
             event("torch", "native", "fragmentation", label="native", served=False, ms=2.5,
@@ -173,6 +173,8 @@ class RowsFile(unittest.TestCase):
         self.assertIn("| native, expandable | crashed | - | - | - | the worker died (exit 139) |",
                       text)
         self.assertIn("- note: a note", text)
+        self.assertIn("\n- torch.cuda.memory_* under cistern.torch.enable(): agree with cistern's "
+                      "statistics in 1 of 2 runs; cap1.02: differ: memory_summary\n", text)
         self.assertNotIn("CuPy", text)
         gf.write_report(self.folder.name, meta, events)
         with open(os.path.join(self.folder.name, "frameworks.json")) as f:
