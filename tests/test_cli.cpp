@@ -349,8 +349,19 @@ TEST_F(Cli, ASnapshotWithoutHistoryIsAnErrorThatSaysHowToRecordOne) {
     EXPECT_EQ(o.err, message) << command;
     EXPECT_EQ(o.out, "") << command;
   }
-  // `info` still describes what it holds.
-  EXPECT_EQ(run("info " + quote(file)).code, 0);
+  // `info` still describes what it holds, and says that it has no history.
+  const Outcome info = run("info " + quote(file));
+  EXPECT_EQ(info.code, 0) << info.err;
+  EXPECT_NE(info.out.find("\n  history                   none: dumped without "
+                          "torch.cuda.memory._record_memory_history() (replay, advise and plan "
+                          "refuse it)\n"),
+            std::string::npos)
+      << info.out;
+  const Outcome info_json = run("info --json " + quote(file));
+  ASSERT_EQ(info_json.code, 0) << info_json.err;
+  EXPECT_EQ(json::parse(info_json.out).at("has_history"), false);
+  const fs::path csv = lifetimes("ok.csv", {1024});
+  EXPECT_EQ(json::parse(run("info --json " + quote(csv.string())).out).at("has_history"), true);
 }
 
 // --- out of memory ------------------------------------------------------------------------------

@@ -192,6 +192,11 @@ std::string info_text(const trace::Trace& t, const std::vector<int>& devices) {
       "  events                    {}: {} alloc, {} free, {} synchronize, {} "
       "empty_cache\n",
       t.events.size(), s.ops[0], s.ops[1], s.ops[2], s.ops[3]);
+  if (!t.recorded.has_history) {
+    out +=
+        "  history                   none: dumped without "
+        "torch.cuda.memory._record_memory_history() (replay, advise and plan refuse it)\n";
+  }
   if (!t.events.empty() && t.format == "lifetimes")
     out += fmt::format("  time                      steps {} .. {}\n", s.first_time, s.last_time);
   else if (!t.events.empty())
@@ -216,6 +221,7 @@ nlohmann::ordered_json info_json(const trace::Trace& t, const std::vector<int>& 
   j["devices"] = devices;
   j["streams"] = t.streams;
   j["events"] = t.events.size();
+  j["has_history"] = t.recorded.has_history;
   j["allocs"] = s.ops[0];
   j["frees"] = s.ops[1];
   j["synchronizes"] = s.ops[2];
