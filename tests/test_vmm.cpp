@@ -286,39 +286,37 @@ TEST_F(Engine, EmptyCacheReturnsEveryUnusedPageAndHandle) {
   EXPECT_EQ(device->live_reservations(), 0u);
 }
 
-TEST_F(Engine, OneHandlePerGrowthWithRoomMappedInOneRunAndExtendedOverItsBlock) {
+// Handles lie inside the 20 MiB pages of expandable segments' grid (the page rule), a growth's
+// run of them is mapped in one call, and the granule a block ends inside - which the next block
+// shares - is a handle of its own.
+TEST_F(Engine, HandlesLieInsidePagesAndAGrowthIsMappedInOneRun) {
   make("vmm:True", 8 * GiB);  // defaults; plenty of room
   alloc->record_history(true, 1000);
+  // 3 MiB: granule 0, inside the block, and granule 1, which the next block will share. An empty
+  // pool's growth is not extended.
   void* a = alloc->allocate(3 * MiB, default_stream);
-  // One handle of the large pool's handle size (8 MiB) for the growth, mapped in one run: the
-  // pool holds nothing yet, so the growth extends to that size and no further.
-  EXPECT_EQ(alloc->reserved_bytes(), 8 * MiB);
-  EXPECT_EQ(reserved(), static_cast<std::int64_t>(8 * MiB));
-  EXPECT_EQ(device_calls(DeviceOp::create_physical), 1u);
-  const auto maps = device_calls(DeviceOp::map);
-  void* a2 = alloc->allocate(5 * MiB, default_stream);  // [3, 8) MiB: on the same handle
+  EXPECT_EQ(alloc->reserved_bytes(), 4 * MiB);
+  EXPECT_EQ(reserved(), static_cast<std::int64_t>(4 * MiB));
+  EXPECT_EQ(device_calls(DeviceOp::create_physical), 2u);
+  void* a2 = alloc->allocate(5 * MiB, default_stream);  // [3, 8) MiB: granule 1 and one handle
   EXPECT_EQ(addr(a2), addr(a) + 3 * MiB);
-  EXPECT_EQ(device_calls(DeviceOp::map), maps);
-  // A 100 MiB request right after them in the same 1 GiB range: one 100 MiB handle (50 granules),
-  // extended no further (a growth extends to an eighth of what the pool holds at most).
+  EXPECT_EQ(stats().num_handles_created, 3);
+  // 100 MiB right after them (granules 4-53): a handle up to each page boundary, 6 in all.
   void* b = alloc->allocate(100 * MiB, default_stream);
   EXPECT_EQ(addr(b), addr(a) + 8 * MiB);
   EXPECT_EQ(alloc->reserved_bytes(), 108 * MiB);
-  EXPECT_EQ(stats().num_handles_created, 2);
-  EXPECT_EQ(stats().num_pages_mapped, 4 + 50);
-  std::size_t runs = 0;
+  EXPECT_EQ(stats().num_handles_created, 9);
+  EXPECT_EQ(stats().num_pages_mapped, 54);
+  std::vector<std::size_t> runs;
   for (const HistoryEntry& e : alloc->history()) {
-    if (e.action != HistoryEntry::Action::segment_map) continue;
-    EXPECT_EQ(e.size, runs == 0 ? 8 * MiB : 100 * MiB);
-    ++runs;
+    if (e.action == HistoryEntry::Action::segment_map) runs.push_back(e.size);
   }
-  EXPECT_EQ(runs, 2u);
+  EXPECT_EQ(runs, (std::vector<std::size_t>{4 * MiB, 4 * MiB, 100 * MiB}));
   alloc->check();
   for (void* p : {a, a2, b}) alloc->deallocate(p, default_stream);
-  // Free, all of it goes back in two handle releases.
   alloc->empty_cache();
   EXPECT_EQ(alloc->reserved_bytes(), 0u);
-  EXPECT_EQ(stats().num_handles_released, 2);
+  EXPECT_EQ(stats().num_handles_released, 9);
   EXPECT_EQ(device->used_bytes(), 0u);
 }
 
@@ -567,27 +565,28 @@ TEST(EngineFallback, ARefusalAfterTheFirstGrowthOrUnderVmmTrueIsAnError) {
   }
 }
 
-// How handles follow the room left: with plenty, one handle per growth; near the limit (a 32nd of
-// the room left after a growth is less than a granule), at most six handles per run of granules,
-// so that what a free block covers can go back in small pieces.
+// How handles follow the room left: at most a 20 MiB page each (the page rule), and near the
+// limit (a 32nd of the room left after a growth is less than a granule) at most six per run of
+// granules, so that what a free block covers can go back in small pieces.
 TEST(EngineHandles, HandlesGetSmallerAsTheRoomRunsOut) {
   SimDevice device(sim_options(256 * MiB));
   CachingAllocator alloc(device, Config());
-  // 200 MiB (100 granules) leave 56 MiB: handles of at most 56 / 32 MiB, i.e. one granule, but
-  // no more than six per run: 5 of 17 granules and one of 15.
+  // 200 MiB (100 granules over ten pages) leave 56 MiB: six pieces of 17 granules would do, but
+  // no handle reaches past its page: ten of a page each, mapped in one run.
   void* a = alloc.allocate(200 * MiB, default_stream);
-  EXPECT_EQ(alloc.stats().num_handles_created, 6);
-  EXPECT_EQ(device.live_physical(), 6u);
-  EXPECT_EQ(device.counters().of(DeviceOp::map), 6u);  // one map_run: a map per handle
-  // 20 MiB more (10 granules) leave 36 MiB: one granule at most, six per run: five of 2.
+  EXPECT_EQ(alloc.stats().num_handles_created, 10);
+  EXPECT_EQ(device.live_physical(), 10u);
+  EXPECT_EQ(device.counters().of(DeviceOp::map), 10u);  // one map_run: a map per handle
+  // 20 MiB more, one page (10 granules), leave 36 MiB: one granule at most, six per run: five
+  // of 2.
   void* b = alloc.allocate(20 * MiB, default_stream);
-  EXPECT_EQ(alloc.stats().num_handles_created, 11);
+  EXPECT_EQ(alloc.stats().num_handles_created, 15);
   EXPECT_EQ(alloc.reserved_bytes(), 220 * MiB);
   alloc.check();
   alloc.deallocate(a, default_stream);
   alloc.deallocate(b, default_stream);
   alloc.empty_cache();
-  EXPECT_EQ(alloc.stats().num_handles_released, 11);
+  EXPECT_EQ(alloc.stats().num_handles_released, 15);
   EXPECT_EQ(device.used_bytes(), 0u);
 }
 
@@ -595,15 +594,17 @@ TEST(EngineHandles, HandlesGetSmallerAsTheRoomRunsOut) {
 TEST(EngineHandles, AHandleUnderALiveBlockIsNeverUnmapped) {
   SimDevice device(sim_options(8 * GiB));
   CachingAllocator alloc(device, Config());
-  void* a = alloc.allocate(3 * MiB, default_stream);  // one 8 MiB handle: room to spare
-  EXPECT_EQ(alloc.reserved_bytes(), 8 * MiB);
-  alloc.set_memory_fraction(static_cast<double>(20 * MiB) / static_cast<double>(8 * GiB));
+  alloc.deallocate(alloc.allocate(20 * MiB, default_stream), default_stream);  // one 20 MiB page
+  void* a = alloc.allocate(3 * MiB, default_stream);  // on that handle: no call
+  EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
+  EXPECT_EQ(alloc.stats().num_handles_created, 1);
+  alloc.set_memory_fraction(static_cast<double>(32 * MiB) / static_cast<double>(8 * GiB));
   const Stream s1 = device.create_stream();
-  // 16 MiB on another stream: 12 MiB are left under the 20 MiB limit, and the 5 MiB free beside
+  // 16 MiB on another stream: 12 MiB are left under the 32 MiB limit, and the 17 MiB free beside
   // `a` lie on a's handle.
   EXPECT_THROW(alloc.allocate(16 * MiB, s1), OutOfMemory);
   EXPECT_EQ(device.counters().of(DeviceOp::unmap), 0u);
-  EXPECT_EQ(alloc.reserved_bytes(), 8 * MiB);
+  EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
   alloc.check();
   alloc.deallocate(a, default_stream);  // now the whole handle is free: 16 MiB fit
   void* b = alloc.allocate(16 * MiB, s1);
@@ -620,23 +621,23 @@ TEST(EngineHandles, NearTheLimitALargeFreeHandleIsGivenBackUnderASmallRequest) {
   SimDevice device(sim_options(8 * GiB));
   CachingAllocator alloc(device, Config());
   const Stream s1 = device.create_stream();
-  void* a = alloc.allocate(3 * MiB, default_stream);  // 8 MiB handle, granules 0-3
-  void* c = alloc.allocate(3 * MiB, s1);              // 8 MiB handle in s1's range
-  EXPECT_EQ(alloc.reserved_bytes(), 16 * MiB);
+  void* a = alloc.allocate(20 * MiB, default_stream);  // a 20 MiB handle, granules 0-9
+  void* c = alloc.allocate(20 * MiB, s1);              // a 20 MiB handle in s1's range
+  EXPECT_EQ(alloc.reserved_bytes(), 40 * MiB);
   alloc.deallocate(a, default_stream);
   alloc.deallocate(c, s1);
-  alloc.set_memory_fraction(static_cast<double>(16 * MiB) / static_cast<double>(8 * GiB));
-  // 10 MiB on the default stream: granule 4 is missing and the limit is reached, so s1's free
-  // handle is reclaimed (a growth that reclaims: near the limit from now on).
-  void* e = alloc.allocate(10 * MiB, default_stream);
+  alloc.set_memory_fraction(static_cast<double>(40 * MiB) / static_cast<double>(8 * GiB));
+  // 30 MiB on the default stream: granules 10-14 are missing and the limit is reached, so s1's
+  // free handle is reclaimed (a growth that reclaims: near the limit from now on).
+  void* e = alloc.allocate(30 * MiB, default_stream);
   ASSERT_NE(e, nullptr);
-  EXPECT_EQ(alloc.stats().num_pages_reclaimed, 4);
+  EXPECT_EQ(alloc.stats().num_pages_reclaimed, 10);
   EXPECT_EQ(alloc.stats().num_handle_splits, 0);
   // The next growth finds the engine near the limit and arms make_finer.
   alloc.deallocate(e, default_stream);
-  void* g = alloc.allocate(2 * MiB, s1);  // s1's range: one granule, reclaimed from e's block
+  void* g = alloc.allocate(2 * MiB, s1);  // s1's range: one granule
   ASSERT_NE(g, nullptr);
-  // 2 MiB on the large pool's 8 MiB handle, which lies free: it is given back and the request
+  // 2 MiB on the default pool's 20 MiB handle, which lies free: it is given back and the request
   // mapped on one granule.
   void* f = alloc.allocate(2 * MiB, default_stream);
   ASSERT_NE(f, nullptr);
@@ -655,24 +656,24 @@ TEST(EngineHandles, NearTheLimitTheSharedLastGranuleOfARequestIsAHandleOfItsOwn)
   void* a = alloc.allocate(400 * MiB, default_stream);
   const std::int64_t created = alloc.stats().num_handles_created;
   const std::size_t reserved = alloc.reserved_bytes();
-  // 39 MiB (19.5 granules) leave about 584 MiB: handles of at most 9 granules, no extension over
-  // the rest of the block (the request is longer than that), and the 20th granule, half used,
-  // alone: 9 + 9 + 1 + 1.
+  // 39 MiB (19.5 granules over two pages) leave about 584 MiB: handles of at most 9 granules
+  // and never past a page, no extension over the rest of the block (the request is longer than
+  // that), and the 20th granule, half used, alone: 9 + 1 + 9 + 1.
   void* b = alloc.allocate(39 * MiB, default_stream);
   EXPECT_EQ(alloc.stats().num_handles_created - created, 4);
   EXPECT_EQ(alloc.reserved_bytes() - reserved, 40 * MiB);
-  // 1.5 MiB more, cut from the rest of the block: on b's last granule and the next one, whose
-  // handle extends over 4 granules (there is room).
+  // 1.5 MiB more, cut from the rest of the block: on b's last granule and the next one (the
+  // growth's share of the room is under a granule: no extension).
   void* c = alloc.allocate(3 * MiB / 2, default_stream);
   EXPECT_EQ(static_cast<char*>(c), static_cast<char*>(b) + 39 * MiB);
   EXPECT_EQ(alloc.stats().num_handles_created - created, 5);
-  EXPECT_EQ(alloc.reserved_bytes() - reserved, 48 * MiB);
+  EXPECT_EQ(alloc.reserved_bytes() - reserved, 42 * MiB);
   alloc.deallocate(b, default_stream);
-  // b's three handles go back; the granule it shared with c stays (were it the end of a handle
-  // of two, both granules would).
+  // b's three other handles go back; the granule it shared with c stays (were it the end of a
+  // handle of several, all of them would).
   alloc.empty_cache();
   EXPECT_EQ(alloc.stats().num_handles_released, 3);
-  EXPECT_EQ(alloc.reserved_bytes() - reserved, 10 * MiB);
+  EXPECT_EQ(alloc.reserved_bytes() - reserved, 4 * MiB);
   alloc.check();
   alloc.deallocate(c, default_stream);
   alloc.deallocate(a, default_stream);

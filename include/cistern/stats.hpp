@@ -130,6 +130,10 @@ struct SegmentInfo {
   Stream stream;                   ///< the stream whose pool owns the segment
   bool is_large = false;           ///< large pool ("large") or small pool ("small")
   bool is_expandable = false;
+  /// For an expandable segment (a run of mapped pages), the address range it was reserved in:
+  /// its base and size (0 for a classic segment).
+  std::uintptr_t range_address = 0;
+  std::size_t range_size = 0;
   std::vector<BlockInfo> blocks;
 };
 

@@ -81,14 +81,19 @@ struct Segment {
   // names the slot of the handle mapped over granule i (the low 32 bits), with kCoarse set when
   // that handle spans several granules, or is kNoPage. Classic segments have no pages and
   // unmapped_pages == 0, so the cache-hit path tests one counter.
+  // kSpan is set when it reaches over more than one page of PyTorch's expandable segments'
+  // grid (2 MiB small, 20 MiB large, from the segment's base): such a handle lies inside one
+  // block that is not free, or under free blocks only (the page rule, vmm.cpp).
   static constexpr std::uint64_t kNoPage = ~std::uint64_t{0};
   static constexpr std::uint64_t kCoarse = std::uint64_t{1} << 62;
+  static constexpr std::uint64_t kSpan = std::uint64_t{1} << 61;
   std::vector<std::uint64_t> pages;
   // Beside `pages`, one bit per granule: mapped, and (coarse_bits) on a handle of several
   // granules, so that the cache-hit path tests a block's granules a 64-bit word at a time.
   std::vector<std::uint64_t> mapped_bits;
   std::vector<std::uint64_t> coarse_bits;
   std::size_t unmapped_pages = 0;
+  std::size_t spans = 0;  // mapped handles with kSpan (0 for a classic segment)
   std::size_t page_size = 0;
   unsigned page_shift = 0;  // log2(page_size)
   bool expandable = false;
@@ -130,6 +135,26 @@ struct Segment {
   bool pages_mapped(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
     if (unmapped_pages == 0) return true;
     return all_set(mapped_bits, first_page(lo), end_page(hi));
+  }
+  /// Whether a handle with kSpan lies under the byte before `hi` and goes on past it: a block
+  /// cut to end at `hi` would hold part of it (the page rule: such a handle must first go back).
+  bool cuts_span(std::uintptr_t hi) const noexcept {
+    const std::size_t i = (hi - 1 - base) >> page_shift;
+    const std::uint64_t page = pages[i];
+    if (page == kNoPage || (page & kSpan) == 0) return false;
+    return ((hi - base) & (page_size - 1)) != 0 || (i + 1 < pages.size() && pages[i + 1] == page);
+  }
+  /// How many pages under [lo, hi), a range of this segment, are not mapped.
+  std::size_t unmapped_under(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
+    if (unmapped_pages == 0) return 0;
+    const std::size_t first = first_page(lo);
+    const std::size_t last = end_page(hi);
+    std::size_t mapped = 0;
+    for (std::size_t w = first >> 6; w <= (last - 1) >> 6; ++w) {
+      mapped += static_cast<std::size_t>(
+          __builtin_popcountll(mapped_bits[w] & word_mask(w, first, last)));
+    }
+    return (last - first) - mapped;
   }
   /// Whether a page under [lo, hi) lies on a handle of several granules.
   bool any_coarse(std::uintptr_t lo, std::uintptr_t hi) const noexcept {

@@ -25,6 +25,7 @@ __attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, con
   const detail::Segment& s = *b.segment;
   if (!s.expandable) return true;
   const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
+  if (used != b.size && s.spans != 0 && s.cuts_span(b.addr + used)) return false;
   return s.pages_mapped(b.addr, b.addr + used) && !(tight && s.any_coarse(b.addr, b.addr + used));
 }
 
@@ -32,13 +33,18 @@ __attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, con
 // an expandable one, when the granules under the part handed out (the block, or its first `size`
 // bytes when it is split: map_for's range) are all mapped - and, near the limit, none lies on a
 // handle of several granules (the slow path may give such a handle back and map the request on
-// handles of one granule). The rest of the segment does not matter, so the engine adds nothing to
-// a hit on mapped memory but the load of one flag.
+// handles of one granule); and a split never cuts a handle that reaches over several pages (the
+// page rule: the slow path gives it back first). The rest of the segment does not matter, so the
+// engine adds nothing to a hit on mapped memory but the load of one flag and, on a split, one
+// counter.
 CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
                             bool small, bool tight) noexcept {
   if (!tight) {
     const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
-    if (b.addr + used <= b.segment->mapped_end) return true;
+    const detail::Segment& s = *b.segment;
+    if (b.addr + used <= s.mapped_end) {
+      return used == b.size || s.spans == 0 || !s.cuts_span(b.addr + used);
+    }
   }
   return part_mapped(policy, b, size, small, tight);
 }

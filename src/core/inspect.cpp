@@ -108,6 +108,8 @@ void add_expandable(const detail::Segment& s, const StreamPool& pool, int device
     info.stream = pool.stream;
     info.is_large = s.large;
     info.is_expandable = true;
+    info.range_address = s.base;
+    info.range_size = s.size;
     for (const Block* b = s.head; b != nullptr; b = b->next) {
       const std::uintptr_t start = std::max(b->addr, lo);
       const std::uintptr_t end = std::min(b->addr + b->size, hi);

@@ -14,13 +14,30 @@
 // its size - so few large handles are what make the engine cheaper than cudaMalloc. But a handle
 // goes back only whole, so a large one under a small live block holds all its memory. The engine
 // therefore sizes each handle by the room the device and the limit leave (plan()): with room to
-// spare, one handle per growth, extended over the free rest of its block by a share of that room,
-// so that the next blocks cut from it need no call; the closer to the limit, the smaller the
-// largest handle (a 32nd of the room left), down to one granule, so that what a free block covers
-// can be given back. Near the limit, once a growth has had to reclaim, a block handed out on a
+// spare, one handle for the granules inside the request's block, whatever its size, and one for
+// a granule it shares with the next block, extended over the free rest of its page, so that the
+// next blocks cut from it need no call; the closer to the limit, the smaller the largest handle
+// (a 32nd of the room left), down to one granule, so that what a free block covers can be given
+// back. Near the limit, once a growth has had to reclaim, a block handed out on a
 // larger handle that it does not fill and that lies free around it first has that handle given
 // back (make_finer): handles made large while there was room do not stay whole under small live
 // blocks when the room runs out.
+//
+// Note [The page rule]. Whatever the sizes, the engine never holds more free memory that no
+// reclaim can return than PyTorch's expandable segments would pin around the same blocks: the
+// free bytes of the 2 MiB (small pool) or 20 MiB (large pool) pages, counted from a segment's
+// base, that blocks in use touch. Every mapped handle
+//   (a) lies inside one such page, or
+//   (b) lies inside one block that is not free (allocated, pending or parked), or
+//   (c) lies under free blocks only, so that a reclaim can return it whole.
+// A handle under a block in use that is not (b) is (a), so the free bytes beside that block on
+// it lie in a page the block touches. plan() keeps the rule for new handles: a handle reaching
+// over several pages (kSpan) covers only granules lying entirely inside the request's block;
+// everything else is cut at page boundaries. A freed block turns (b) into (c); before a request
+// takes part of a free block that a (c) handle reaching over several pages lies in, that handle
+// goes back (make_finer), so a large handle never ends up under a small block. check() verifies
+// the rule for every handle, and tests/test_vmm_guarantee.cpp compares what empty_cache() and
+// the out-of-memory path leave with what expandable segments' pages would hold.
 //
 // A cached free block keeps its handles, so a steady state makes no device calls. When a growth
 // finds no room, handles lying entirely inside cached free blocks - of any pool - are unmapped
@@ -47,6 +64,7 @@ namespace {
 
 constexpr std::uint64_t kNoPage = Segment::kNoPage;
 constexpr std::uint64_t kCoarse = Segment::kCoarse;
+constexpr std::uint64_t kSpan = Segment::kSpan;
 
 /// The slot of the handle a mapped granule names.
 std::uint32_t slot_of(std::uint64_t page) noexcept { return static_cast<std::uint32_t>(page); }
@@ -59,24 +77,28 @@ std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / 
 constexpr std::size_t kSmallRange = 64 * MiB;
 constexpr std::size_t kLargeRange = 1 * GiB;
 
+/// The pages of PyTorch's expandable segments (2 MiB in the small pool, 20 MiB in the large one):
+/// the grid of the page rule (Note [The page rule]), from each segment's base.
+constexpr std::size_t kSmallPage = 2 * MiB;
+constexpr std::size_t kLargePage = 20 * MiB;
+
 /// How handles are sized (plan()): a handle is at most the room left after it / kHandleDivisor;
-/// near the limit a run goes in at most kMaxPieces handles; with room, a growth maps up to the
-/// room / kExtensionDivisor and the pool's mapped memory / kGrowthDivisor (at most kMaxExtension)
-/// over the free rest of its block. Chosen by replaying the shared traces at their smallest
-/// capacities, at PyTorch's and at 80 GiB (docs/design.md).
+/// near the limit a run goes in at most kMaxPieces handles. Chosen by replaying the shared
+/// traces at their smallest capacities, at PyTorch's and at 80 GiB (docs/design.md).
 constexpr std::size_t kHandleDivisor = 32;
 constexpr std::size_t kMaxPieces = 6;
-/// Below this many pool handle sizes for the largest handle (a room of 128 of them), the last
-/// granule of a request that ends inside it gets a handle of its own (plan()).
-constexpr std::size_t kTailAloneUnits = 4;
+/// With room, a growth extends over the free rest of its block by up to the room /
+/// kExtensionDivisor and the pool's mapped memory / kGrowthDivisor (at most to the end of the page
+/// it ends in).
 constexpr std::size_t kExtensionDivisor = 1024;
 constexpr std::size_t kGrowthDivisor = 8;
-constexpr std::size_t kMaxExtension = 512 * MiB;
 
 /// A run of granules [first, end) of one segment.
 struct GranuleRun {
   std::size_t first;
   std::size_t end;
+  std::size_t size() const noexcept { return end - first; }
+  bool empty() const noexcept { return end <= first; }
 };
 
 /// A handle to create for granules [first, first + granules) of the segment being mapped.
@@ -113,7 +135,7 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   Block* cached_fit(StreamPool& pool, std::size_t size, bool small) override {
     Block* b = pool.find(size, small);
     if (b == nullptr) return nullptr;
-    if (mapped(*b, size, small)) return wants_finer(*b, size, small) ? nullptr : b;
+    if (mapped(*b, size, small)) return needs_finer(*b, size, small) ? nullptr : b;
     return smallest_mapped_fit(pool, size, small);
   }
 
@@ -134,6 +156,7 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   void check(const std::vector<const Segment*>& segments) const override;
 
  private:
+  void check_page_rule(const Segment& s) const;
   Block* back(StreamPool& pool, std::size_t size, bool small, bool reclaim);
   bool possible(std::size_t size) const noexcept;
   std::size_t used_part(const Block& b, std::size_t size, bool small) const noexcept {
@@ -142,16 +165,35 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   bool mapped(const Block& b, std::size_t size, bool small) const noexcept {
     return b.segment->pages_mapped(b.addr, b.addr + used_part(b, size, small));
   }
+  // The granule arithmetic: the granules of `seg` that bytes [lo, hi) touch, and those lying
+  // entirely inside them.
+  GranuleRun touched(const Segment& seg, std::uintptr_t lo, std::uintptr_t hi) const noexcept {
+    return {(lo - seg.base) / g_, (hi - seg.base + g_ - 1) / g_};
+  }
+  GranuleRun inside(const Segment& seg, std::uintptr_t lo, std::uintptr_t hi) const noexcept {
+    return {(lo - seg.base + g_ - 1) / g_, (hi - seg.base) / g_};
+  }
+  /// The granules of one page of the page rule's grid in a pool, and in `seg`.
+  std::size_t page_of(bool small) const noexcept {
+    return std::max<std::size_t>(1, (small ? kSmallPage : kLargePage) / g_);
+  }
+  std::size_t page_granules(const Segment& seg) const noexcept { return page_of(!seg.large); }
+  /// Whether granules [first, first + granules) of `seg` reach over more than one page.
+  bool spans_pages(const Segment& seg, std::size_t first, std::size_t granules) const noexcept {
+    const std::size_t page = page_granules(seg);
+    return first / page != (first + granules - 1) / page;
+  }
   Block* smallest_mapped_fit(const StreamPool& pool, std::size_t size, bool small) const;
-  std::vector<std::uint32_t> coarse_under(const Block& b, std::size_t first,
-                                          std::size_t last) const;
-  bool wants_finer(const Block& b, std::size_t size, bool small) const;
-  void make_finer(StreamPool& pool, Block& b, std::size_t first, std::size_t last);
+  Block* fewest_new_pages(StreamPool& pool, std::size_t size, bool small) const;
+  std::vector<std::uint32_t> finer_under(const Block& b, std::uintptr_t hi) const;
+  bool needs_finer(const Block& b, std::size_t size, bool small) const;
+  bool make_finer(StreamPool& pool, Block& b, std::uintptr_t hi);
   Block* new_segment(StreamPool& pool, std::size_t size, bool small);
   bool map_for(StreamPool& pool, Block& b, std::size_t size, bool small, bool reclaim);
-  std::vector<PlannedHandle> plan(const Segment& seg, std::size_t first, std::size_t last,
-                                  std::size_t limit, bool small, std::size_t held,
-                                  bool shared_last);
+  std::vector<PlannedHandle> plan(const Segment& seg, GranuleRun request, GranuleRun whole,
+                                  std::size_t limit, bool small, std::size_t held, bool pages_only);
+  void cut(const Segment& seg, GranuleRun part, std::size_t piece,
+           std::vector<PlannedHandle>& planned) const;
   std::size_t headroom();
   std::size_t unit_granules(bool small) const noexcept;
   std::size_t cap_granules(bool small) const noexcept;
@@ -214,18 +256,18 @@ Block* CachingAllocator::Impl::MappedHandles::smallest_mapped_fit(const StreamPo
   pool.index(small).for_each([&](Block* c) {
     if (c->size < size || (best != nullptr && c->size >= best->size)) return;
     if (!a_.policy_.may_serve(c->size, size)) return;
-    if (mapped(*c, size, small) && !wants_finer(*c, size, small)) best = c;
+    if (mapped(*c, size, small) && !needs_finer(*c, size, small)) best = c;
   });
   return best;
 }
 
-// The best fit (or a new segment) with handles mapped under the part the request takes, or
-// nullptr when the device or the limit has no room for them (with `reclaim`: even after giving
-// back the handles under cached free blocks).
+// A free block (fewest_new_pages, or a new segment) with handles mapped under the part the request
+// takes, or nullptr when the device or the limit has no room for them (with `reclaim`: even after
+// giving back the handles under cached free blocks).
 Block* CachingAllocator::Impl::MappedHandles::back(StreamPool& pool, std::size_t size, bool small,
                                                    bool reclaim) {
   if (!possible(size)) return nullptr;
-  Block* b = pool.find(size, small);
+  Block* b = constrained_ ? pool.find(size, small) : fewest_new_pages(pool, size, small);
   if (b == nullptr) b = new_segment(pool, size, small);
   if (b == nullptr || !map_for(pool, *b, size, small, reclaim)) {
     if (!a_.refusal_.empty()) drop_unmapped_segments(&pool);  // classic segments take over
@@ -233,6 +275,35 @@ Block* CachingAllocator::Impl::MappedHandles::back(StreamPool& pool, std::size_t
   }
   grown_ = true;
   return b;
+}
+
+// The free block of `pool` on which `size` needs the fewest granules mapped - the best fit
+// (smallest, then lowest address) among those - or nullptr: while there is room (no growth has
+// had to reclaim yet), a growth reuses the free pages that cached blocks hold before it asks for
+// new ones, as expandable segments grow a free block into the unmapped space after it, so that
+// the engine reserves no more than classic segments would. Near the limit the plain best fit
+// packs the address space tighter. A scan of the pool's free blocks, on the path that calls the
+// device.
+Block* CachingAllocator::Impl::MappedHandles::fewest_new_pages(StreamPool& pool, std::size_t size,
+                                                               bool small) const {
+  Block* best = pool.find(size, small);
+  if (best == nullptr) return nullptr;
+  std::size_t best_new =
+      best->segment->unmapped_under(best->addr, best->addr + used_part(*best, size, small));
+  if (best_new == 0) return best;
+  static_cast<const StreamPool&>(pool).index(small).for_each([&](Block* c) {
+    if (c->size < size || !a_.policy_.may_serve(c->size, size)) return;
+    const std::size_t fresh =
+        c->segment->unmapped_under(c->addr, c->addr + used_part(*c, size, small));
+    const bool better = fresh < best_new ||
+                        (fresh == best_new &&
+                         (c->size < best->size || (c->size == best->size && c->addr < best->addr)));
+    if (better) {
+      best = c;
+      best_new = fresh;
+    }
+  });
+  return best;
 }
 
 // Before a fallback to classic segments: releases every expandable segment (none has a mapped
@@ -252,60 +323,75 @@ void CachingAllocator::Impl::MappedHandles::drop_unmapped_segments(const StreamP
   }
 }
 
-// --- near the limit: handles of one granule -------------------------------------------------------------
+// --- giving a handle back before a block takes part of it ------------------------------------------------
 
-// The handles of several granules under granules [first, last) of the free block `b` (the part a
-// request would take) that lie entirely inside `b` and reach beyond [first, last): handles that
-// could go back whole now, and whose memory the request would otherwise hold in full.
-std::vector<std::uint32_t> CachingAllocator::Impl::MappedHandles::coarse_under(
-    const Block& b, std::size_t first, std::size_t last) const {
+// The handles under the part [b.addr, hi) of the free block `b` that a request would take which
+// must go back first:
+//  * always, a handle reaching over several pages that the part would not hold whole (the page
+//    rule); lying under free blocks only, it lies inside `b`;
+//  * near the limit (tight_), a handle of more granules than plan() now allows that lies entirely
+//    inside `b` and reaches beyond the granules the part touches: a handle that could go back
+//    whole now, and whose memory the request would otherwise hold in full.
+std::vector<std::uint32_t> CachingAllocator::Impl::MappedHandles::finer_under(
+    const Block& b, std::uintptr_t hi) const {
   std::vector<std::uint32_t> found;
   const Segment& seg = *b.segment;
-  const std::size_t inside_first = (b.addr - seg.base + g_ - 1) / g_;
-  const std::size_t inside_end = (b.addr + b.size - seg.base) / g_;
-  for (std::size_t i = first; i < last;) {
+  const GranuleRun part = touched(seg, b.addr, hi);
+  const GranuleRun whole_part = inside(seg, b.addr, hi);
+  const GranuleRun whole_block = inside(seg, b.addr, b.addr + b.size);
+  const bool tight = a_.tight_.load(std::memory_order_relaxed);
+  for (std::size_t i = part.first; i < part.end;) {
     const std::uint64_t page = seg.pages[i];
     if (page == kNoPage || (page & kCoarse) == 0) {
       ++i;
       continue;
     }
     const HandleSlot& h = handles_[slot_of(page)];
-    if (h.granules <= handle_limit_) {
-      i = h.first + h.granules;
-      continue;
+    const std::size_t h_end = h.first + h.granules;
+    if ((page & kSpan) != 0) {
+      if (h.first < whole_part.first || h_end > whole_part.end) found.push_back(slot_of(page));
+    } else if (tight && h.granules > handle_limit_) {
+      const bool in_block = h.first >= whole_block.first && h_end <= whole_block.end;
+      const bool beyond = h.first < part.first || h_end > part.end;
+      if (in_block && beyond) found.push_back(slot_of(page));
     }
-    const bool inside = h.first >= inside_first && h.first + h.granules <= inside_end;
-    const bool beyond = h.first < first || h.first + h.granules > last;
-    if (inside && beyond) found.push_back(slot_of(page));
-    i = h.first + h.granules;
+    i = h_end;
   }
   return found;
 }
 
-// Near the limit: whether serving `size` from the mapped block `b` would hold a handle of several
-// granules that could go back but for this request (make_finer's case).
-bool CachingAllocator::Impl::MappedHandles::wants_finer(const Block& b, std::size_t size,
+// Whether serving `size` from the mapped free block `b` needs handles under it given back first
+// (finer_under): the page rule's test is the hot path's (Segment::cuts_span), near the limit the
+// whole walk.
+bool CachingAllocator::Impl::MappedHandles::needs_finer(const Block& b, std::size_t size,
                                                         bool small) const {
-  if (!a_.tight_.load(std::memory_order_relaxed)) return false;
   const Segment& seg = *b.segment;
-  const std::size_t first = (b.addr - seg.base) / g_;
-  const std::size_t last = (b.addr + used_part(b, size, small) - seg.base + g_ - 1) / g_;
-  return !coarse_under(b, first, last).empty();
+  const std::uintptr_t hi = b.addr + used_part(b, size, small);
+  if (hi != b.addr + b.size && seg.spans != 0 && seg.cuts_span(hi)) return true;
+  if (!a_.tight_.load(std::memory_order_relaxed)) return false;
+  return !finer_under(b, hi).empty();
 }
 
-// Near the limit, before granules [first, last) of the free block `b` are handed out: every
-// handle of several granules under them that lies entirely inside `b` and reaches beyond them is
-// unmapped and released (after the work of the pool's stream), so that the request gets handles
-// of one granule and the rest of the block holds no memory. A handle made large when the device
-// had room would otherwise stay whole under the request's block, however little of it the block
-// uses: this is what keeps the engine's memory, near the limit, the memory of its live blocks.
-void CachingAllocator::Impl::MappedHandles::make_finer(StreamPool& pool, Block& b,
-                                                       std::size_t first, std::size_t last) {
-  const std::vector<std::uint32_t> coarse = coarse_under(b, first, last);
-  if (coarse.empty()) return;
+// Before the part [b.addr, hi) of the free block `b` is handed out: unmaps and releases the
+// handles finer_under names (after the work of the pool's stream), so that the request gets
+// handles of its own. This is what keeps the page rule when a block is cut from a free one that a
+// large handle lies under, and, near the limit, the engine's memory the memory of its live
+// blocks. Returns whether a handle reaching over several pages went back: the request is then
+// mapped on handles of a page at most (plan()), as expandable segments would map it, so that
+// memory once cut up stays in pages and a large handle costs at most one creation and one
+// release more than expandable segments' pages over its life.
+bool CachingAllocator::Impl::MappedHandles::make_finer(StreamPool& pool, Block& b,
+                                                       std::uintptr_t hi) {
+  const std::vector<std::uint32_t> coarse = finer_under(b, hi);
+  if (coarse.empty()) return false;
+  Segment& seg = *b.segment;
+  const bool span = std::any_of(coarse.begin(), coarse.end(), [&](std::uint32_t slot) {
+    return spans_pages(seg, handles_[slot].first, handles_[slot].granules);
+  });
   a_.wait_for_stream(pool.stream);
-  unmap_and_release(pool, *b.segment, coarse, Unmap::reclaim);
+  unmap_and_release(pool, seg, coarse, Unmap::reclaim);
   ++a_.num_handle_splits_;
+  return span;
 }
 
 // A new expandable segment (address space only), or nullptr when the device has no address space
@@ -333,62 +419,65 @@ bool CachingAllocator::Impl::MappedHandles::refused(Status status, DeviceOp op) 
   return true;
 }
 
-// `b` free and indexed. Near the limit (tight_), first gives back the large free handles under the
-// part of `b` the request takes (make_finer); then maps handles under every unmapped granule of
-// that part - and, with room to spare, over some of the free rest of the block (plan()), so that
-// later blocks cut from it make no call. False (nothing mapped) when no room can be had, or when
-// the device refused the engine at its first growth; a failing map undoes this call's handles
-// and throws.
+// `b` free and indexed. First gives back the handles under the part of `b` the request takes
+// that the page rule or, near the limit, make_finer wants gone; then maps handles under every
+// unmapped granule of that part - and, with room to spare, over the free rest of its last page
+// (plan()), so that the next blocks cut from it make no call. False (nothing mapped) when no
+// room can be had, or when the device refused the engine at its first growth; a failing map
+// undoes this call's handles and throws.
 bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size,
                                                     bool small, bool reclaim) {
   Segment& seg = *b.segment;
-  const std::size_t first = (b.addr - seg.base) / g_;
-  const std::size_t end = b.addr + used_part(b, size, small) - seg.base;  // offset in seg
-  const std::size_t last = (end + g_ - 1) / g_;
-  if (a_.tight_.load(std::memory_order_relaxed)) make_finer(pool, b, first, last);
+  const std::uintptr_t hi = b.addr + used_part(b, size, small);
+  const bool pages_only = make_finer(pool, b, hi);
   if (seg.unmapped_pages == 0) return true;
-  const std::size_t limit = (b.addr + b.size - seg.base + g_ - 1) / g_;
+  const std::size_t limit = touched(seg, b.addr, b.addr + b.size).end;
   const auto held = static_cast<std::size_t>(pool.stats().current(
       StatKind::reserved_bytes, small ? StatPool::small_pool : StatPool::large_pool));
   const std::vector<PlannedHandle> planned =
-      plan(seg, first, last, limit, small, held, end % g_ != 0);
+      plan(seg, touched(seg, b.addr, hi), inside(seg, b.addr, hi), limit, small, held, pages_only);
   if (planned.empty()) return true;
   std::vector<std::uint32_t> slots;
-  if (!create(planned, slots, pool, Keep{&seg, first, last}, reclaim)) return false;
+  const GranuleRun request = touched(seg, b.addr, hi);
+  if (!create(planned, slots, pool, Keep{&seg, request.first, request.end}, reclaim)) return false;
   return map_planned(pool, seg, planned, slots);
 }
 
-// The handles that back the unmapped granules of [first, last) of `seg` - the part of a free
-// block a request takes, `limit` the block's end - sized by the room the device and the limit
-// leave after them (`after`):
+// The handles that back the unmapped granules of `request` in `seg` - the granules the part of a
+// free block a request takes touches, `whole` those lying entirely inside it, `limit` the end of
+// the block - sized by the room the device and the limit leave after them (`after`):
+//  * the page rule (Note [The page rule]): granules of `whole` may share one handle whatever
+//    pages it reaches over (it lies inside the request's block); every other handle lies inside
+//    one page of the grid - as do all of them when max_handle_size is at most a page, or when
+//    `pages_only` (the request is cut from where make_finer gave such a handle back);
 //  * a handle is at most after / kHandleDivisor (one granule at least, max_handle_size at most),
 //    so that the closer the engine is to the limit, the closer its handles follow the blocks, and
-//    whatever a block leaves free can go back; with room to spare, one handle per run;
+//    whatever a block leaves free can go back;
 //  * near the limit a run is cut into at most kMaxPieces handles (of at most max_handle_size), so
-//    that a large block does not cost a mapping per granule when the handles under it could only
-//    ever go back together;
-//  * near the limit (the largest handle under kTailAloneUnits pool handle sizes), the last
-//    granule of a request that ends inside it, which the next block cut from the rest will share,
-//    is a handle of its own, so that when this block is freed its other handles can go back;
+//    that a block does not cost a mapping per granule;
+//  * the last granule of a request that ends inside it, which the next block cut from the rest
+//    will share, is a handle of its own, so that when this block is freed its other handles can
+//    go back;
 //  * with room, the last run extends over the unmapped granules of the block that follow it, up
 //    to the smaller of after / kExtensionDivisor and `held` (the pool's mapped memory) /
-//    kGrowthDivisor - at least the pool's handle size, at most kMaxExtension - as a classic
-//    segment is obtained whole: the next blocks cut from the block need no call, and a pool's
-//    growths get larger as it does, as a vector's do.
+//    kGrowthDivisor, and never past the end of the page it ends in (expandable segments map
+//    whole pages): the next blocks cut from the block need no call, a pool's growths get larger
+//    as it does, and no handle reaches past its page. A request that ends on a handle of its own
+//    is not extended: the next growth maps that page.
 // `tight_` (the slow path's make_finer) is set when a handle of the pool's size would no longer
 // fit the limit on handles and a growth has had to reclaim before.
 std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
-    const Segment& seg, std::size_t first, std::size_t last, std::size_t limit, bool small,
-    std::size_t held, bool shared_last) {
+    const Segment& seg, GranuleRun request, GranuleRun whole, std::size_t limit, bool small,
+    std::size_t held, bool pages_only) {
   std::vector<GranuleRun> runs;
   std::size_t need = 0;
-  for (std::size_t i = first; i < last;) {
+  for (std::size_t i = request.first; i < request.end;) {
     if (seg.pages[i] != kNoPage) {
       ++i;
       continue;
     }
     std::size_t j = i + 1;
-    while (j < last && seg.pages[j] == kNoPage) ++j;
+    while (j < request.end && seg.pages[j] == kNoPage) ++j;
     runs.push_back({i, j});
     need += j - i;
     i = j;
@@ -402,31 +491,62 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
       std::min(cap_granules(small), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
   handle_limit_ = largest;
   a_.tight_.store(constrained_ && largest < unit, std::memory_order_relaxed);
+  const std::size_t page = page_granules(seg);
+  const bool whole_spans = cap_granules(small) > page && !pages_only;
+  const auto inner = [&](const GranuleRun& r) {  // the part of a run that may be one handle
+    const GranuleRun in{std::max(r.first, whole.first), std::min(r.end, whole.end)};
+    const bool spans = !in.empty() && whole_spans && spans_pages(seg, in.first, in.size());
+    return spans ? in : GranuleRun{r.end, r.end};
+  };
+  // The extension; not past a request that ends on a handle of its own: the next block's growth
+  // will map that page whole.
   GranuleRun& tail = runs.back();
-  if (largest >= unit && tail.end == last) {
-    const std::size_t spread =
-        std::clamp<std::size_t>(std::min(after / kExtensionDivisor, held / kGrowthDivisor) / g_,
-                                unit, std::max(unit, kMaxExtension / g_));
-    const std::size_t reach =
-        tail.first + std::max(std::min(spread, largest), tail.end - tail.first);
-    while (tail.end < std::min(limit, reach) && seg.pages[tail.end] == kNoPage) ++tail.end;
-  }
-  // Near the limit, the last granule of a request that ends inside it goes in a handle of its
-  // own: the next block cut from the rest of the block shares that granule, and a handle that
-  // reached over it would stay whole under that block after this one is freed.
-  const bool alone_last = shared_last && largest < unit * kTailAloneUnits;
-  for (GranuleRun r : runs) {
-    const bool split_last = alone_last && r.end == last && r.end - r.first > 1;
-    if (split_last) --r.end;
-    const std::size_t length = r.end - r.first;
-    const std::size_t piece =
-        std::min(cap_granules(small), std::max(largest, (length + kMaxPieces - 1) / kMaxPieces));
-    for (std::size_t i = r.first; i < r.end; i += std::min(piece, r.end - i)) {
-      planned.push_back({i, std::min(piece, r.end - i)});
+  const GranuleRun tail_inner = inner(tail);
+  const bool ends_on_own_handle = !tail_inner.empty() && tail_inner.end == request.end;
+  if (largest >= unit && tail.end == request.end && !ends_on_own_handle) {
+    const std::size_t spread = std::clamp<std::size_t>(
+        std::min(after / kExtensionDivisor, held / kGrowthDivisor) / g_, 1, page);
+    const std::size_t page_end = ((request.end - 1) / page + 1) * page;
+    const std::size_t reach = tail.first + std::max(std::min(spread, largest), tail.size());
+    while (tail.end < std::min({limit, page_end, reach}) && seg.pages[tail.end] == kNoPage) {
+      ++tail.end;
     }
-    if (split_last) planned.push_back({r.end, 1});
+  }
+  // The last granule of a request that ends inside it goes in a handle of its own (but for the
+  // extension): the next block cut from the rest of the block shares that granule, and a handle
+  // that reached over it would stay whole under that block after this one is freed.
+  const bool alone_last = whole.end < request.end;
+  for (const GranuleRun& r : runs) {
+    const std::size_t piece =
+        std::min(cap_granules(small), std::max(largest, (r.size() + kMaxPieces - 1) / kMaxPieces));
+    std::size_t i = r.first;
+    if (const GranuleRun in = inner(r); !in.empty()) {
+      cut(seg, {i, in.first}, piece, planned);
+      for (i = in.first; i < in.end; i += std::min(cap_granules(small), in.end - i)) {
+        planned.push_back({i, std::min(cap_granules(small), in.end - i)});
+      }
+    }
+    if (alone_last && r.end == request.end && r.end - i > 1) {
+      cut(seg, {i, r.end - 1}, piece, planned);
+      i = r.end - 1;
+    }
+    cut(seg, {i, r.end}, piece, planned);
   }
   return planned;
+}
+
+// Appends handles for `part` to `planned`: cut at the page rule's page boundaries, each piece
+// into handles of at most `piece` granules.
+void CachingAllocator::Impl::MappedHandles::cut(const Segment& seg, GranuleRun part,
+                                                std::size_t piece,
+                                                std::vector<PlannedHandle>& planned) const {
+  const std::size_t page = page_granules(seg);
+  for (std::size_t i = part.first; i < part.end;) {
+    const std::size_t page_end = std::min(part.end, (i / page + 1) * page);
+    const std::size_t n = std::min(piece, page_end - i);
+    planned.push_back({i, n});
+    i += n;
+  }
 }
 
 // The pool's handle size in granules: the least a growth with room maps (small_handle_size,
@@ -437,13 +557,15 @@ std::size_t CachingAllocator::Impl::MappedHandles::unit_granules(bool small) con
 }
 
 // The largest handle the options allow, in granules: max_handle_size, or with a release
-// threshold the pool's handle size (memory goes back in those steps), else no limit.
+// threshold the pool's handle size (memory goes back in those steps), else a page of the page
+// rule's grid (docs/design.md, "Why pages": larger handles inside blocks cost calls in later
+// passes, where blocks are cut differently).
 std::size_t CachingAllocator::Impl::MappedHandles::cap_granules(bool small) const noexcept {
   if (a_.config_.max_handle_size != 0) {
     return std::max<std::size_t>(1, round_up(a_.config_.max_handle_size, g_) / g_);
   }
   if (a_.config_.release_threshold != SIZE_MAX) return unit_granules(small);
-  return SIZE_MAX / 2;
+  return page_of(small);
 }
 
 // What the device and the limit have left for new handles (cudaMemGetInfo's free memory, which
@@ -581,7 +703,10 @@ bool CachingAllocator::Impl::MappedHandles::map_planned(StreamPool& pool, Segmen
     }
     for (std::size_t k = i; k < j; ++k) {
       handles_.place(slots[k], &seg, planned[k].first);
-      const std::uint64_t page = slots[k] | (planned[k].granules > 1 ? kCoarse : 0);
+      const bool span = spans_pages(seg, planned[k].first, planned[k].granules);
+      seg.spans += span ? 1 : 0;
+      const std::uint64_t page =
+          slots[k] | (planned[k].granules > 1 ? kCoarse : 0) | (span ? kSpan : 0);
       for (std::size_t p = planned[k].first; p < planned[k].first + planned[k].granules; ++p) {
         seg.set_page(p, page);
       }
@@ -609,8 +734,7 @@ std::vector<Victim> CachingAllocator::Impl::MappedHandles::free_handles(Keep kee
       if (!seg->expandable || seg->unmapped_pages == seg->pages.size()) continue;
       for (const Block* b = seg->head; b != nullptr; b = b->next) {
         if (!b->is_free()) continue;
-        const std::size_t first = (b->addr - seg->base + g_ - 1) / g_;
-        const std::size_t end = (b->addr + b->size - seg->base) / g_;
+        const auto [first, end] = inside(*seg, b->addr, b->addr + b->size);
         for (std::size_t i = first; i < end;) {
           if (seg->pages[i] == kNoPage) {
             ++i;
@@ -724,6 +848,7 @@ std::size_t CachingAllocator::Impl::MappedHandles::unmap_and_release(
     a_.num_pages_unmapped_ += static_cast<std::int64_t>(end - start);
     a_.record(HistoryEntry::Action::segment_unmap, va, bytes, pool.stream, why == Unmap::reclaim);
     for (std::size_t k = i; k < j; ++k) {
+      seg.spans -= spans_pages(seg, handles_[slots[k]].first, handles_[slots[k]].granules) ? 1 : 0;
       handles_.unplace(slots[k]);
       const std::size_t granules = handles_[slots[k]].granules;
       const auto wanted = reuse_ == nullptr ? std::vector<std::size_t>::iterator{}
@@ -856,6 +981,39 @@ void CachingAllocator::Impl::MappedHandles::trim() {
 
 // --- the invariants ---------------------------------------------------------------------------------------
 
+// The page rule (Note [The page rule]): a handle reaching over several pages lies inside one block
+// that is not free, or under free blocks only; spans counts them.
+void CachingAllocator::Impl::MappedHandles::check_page_rule(const Segment& s) const {
+  std::size_t spans = 0;
+  for (std::size_t i = 0; i < s.pages.size();) {
+    if (s.pages[i] == kNoPage) {
+      ++i;
+      continue;
+    }
+    const HandleSlot& h = handles_[slot_of(s.pages[i])];
+    i = h.first + h.granules;
+    if ((s.pages[h.first] & kSpan) == 0) continue;
+    ++spans;
+    const std::uintptr_t lo = s.base + h.first * g_;
+    const std::uintptr_t hi = s.base + i * g_;
+    for (const Block* b = s.head; b != nullptr; b = b->next) {
+      const bool overlaps = b->addr < hi && lo < b->addr + b->size;
+      if (!overlaps || b->is_free() || (b->addr <= lo && hi <= b->addr + b->size)) continue;
+      throw InvariantViolation(fmt::format(
+          "cistern::check: virtual-memory engine: the handle at granules [{}, {}) of segment "
+          "{:#x} reaches over several pages but the block {:#x} ({} bytes) in use holds only part "
+          "of it (the page rule)",
+          h.first, i, s.base, b->addr, b->size));
+    }
+  }
+  if (spans != s.spans) {
+    throw InvariantViolation(
+        fmt::format("cistern::check: virtual-memory engine: segment {:#x}: {} handles reach over "
+                    "several pages but the counter says {}",
+                    s.base, spans, s.spans));
+  }
+}
+
 // Every granule of an allocated, pending or parked block is mapped; every mapped granule names a
 // live handle placed in its segment over it, and a handle's granules all name it; handles are
 // multiples of the granularity; the reserved counter is the handles held, the address-space
@@ -907,7 +1065,8 @@ void CachingAllocator::Impl::MappedHandles::check(
       const HandleSlot& h = handles_[slot];
       if (h.segment != s || h.first != i || h.first + h.granules > s->pages.size() ||
           h.handle.bytes != h.granules * g_ || ((page & kCoarse) != 0) != (h.granules > 1) ||
-          (page & ~kCoarse) != slot) {
+          ((page & kSpan) != 0) != spans_pages(*s, h.first, h.granules) ||
+          (page & ~(kCoarse | kSpan)) != slot) {
         fail(fmt::format("handle {} is not placed whole at granule {} of segment {:#x}", slot, i,
                          s->base));
       }
@@ -920,6 +1079,7 @@ void CachingAllocator::Impl::MappedHandles::check(
       ++placed;
       i += h.granules;
     }
+    check_page_rule(*s);
     for (const Block* b = s->head; b != nullptr; b = b->next) {
       if (b->is_free()) continue;
       if (!s->pages_mapped(b->addr, b->addr + b->size)) {

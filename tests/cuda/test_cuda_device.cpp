@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cistern/caching_allocator.hpp"
 #include "cistern/cuda_device.hpp"
@@ -959,6 +960,31 @@ TEST_F(FakeCudaTest, VmmUnmapWhenTheRuntimeShutDownForgetsTheMappings) {
 }
 
 // --- open_cuda_device: the backend the plug-in and --backend cuda choose ---------------------------
+
+// The textbook case of fragmentation on the stand-in driver, which refuses what an H200's driver
+// refuses (a map of part of a handle or at an offset, an unmap that cuts a mapping): a 3 GiB block
+// comes and goes, 100 MiB blocks (odd sizes) fill the 4 GiB device, every other one is freed, and
+// 1.5 GiB - which only the holes together hold - is served with the defaults, as PyTorch's
+// expandable segments serve it.
+TEST_F(FakeCudaTest, VmmTheHolesOfFreedBlocksServeALargeRequest) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  fake().capacity = 4096 * kMiB;
+  auto device = open_vmm();
+  CachingAllocator alloc(*device, Config());
+  ASSERT_TRUE(alloc.uses_virtual_memory());
+  const Stream s;
+  alloc.deallocate(alloc.allocate(3072 * kMiB + 4097, s), s);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 30; ++i) blocks.push_back(alloc.allocate(100 * kMiB + 1000, s));
+  for (std::size_t i = 1; i < blocks.size(); i += 2) alloc.deallocate(blocks[i], s);
+  void* big = nullptr;
+  ASSERT_NO_THROW(big = alloc.allocate(1536 * kMiB + 12345, s));
+  alloc.check();
+  alloc.deallocate(big, s);
+  for (std::size_t i = 0; i < blocks.size(); i += 2) alloc.deallocate(blocks[i], s);
+  alloc.empty_cache();
+  EXPECT_EQ(fake().used, 0u);
+}
 
 TEST_F(FakeCudaTest, OpenCudaDeviceTakesVirtualMemoryWhereTheDriverHasIt) {
   const CudaDeviceChoice choice = open_cuda_device(fake_cuda::fake_runtime_api(), on(1));

@@ -1,0 +1,292 @@
+// Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+//
+// The engine's guarantee against PyTorch's expandable segments (vmm.cpp, Note [The page rule]):
+// whatever the history, what empty_cache() and the out-of-memory path cannot give back is at most
+// what expandable segments' pages (2 MiB in the small pool, 20 MiB in the large one, counted from
+// each range's base) would hold around the same blocks in use. Checked with an oracle on
+// randomized workloads (fixed seeds; sizes from 512 B to several GiB, most not multiples of
+// 2 MiB; random frees, some on other streams; three streams), check() after every step; and the
+// textbook case - the holes of freed 100 MiB blocks, then a 1.5 GiB request, after a 3 GiB block
+// came and went - with its variants, on SimDevice (here) and through the plug-in's C ABI
+// (tests/plugin/test_plugin.cpp) and the stand-in CUDA driver (tests/cuda/test_cuda_device.cpp).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "allocator_fixture.hpp"
+#include "cistern/errors.hpp"
+#include "replay/torch_allocator.hpp"
+
+namespace cistern::testing {
+namespace {
+
+/// What PyTorch's expandable segments would keep mapped around the blocks in use of `snap`: every
+/// page of their grid (2 MiB small, 20 MiB large, from the range's base, the last one clipped to
+/// the range) that an allocated or pending block touches.
+std::size_t expandable_pinned(const Snapshot& snap) {
+  struct Range {
+    std::uintptr_t base;
+    std::size_t size;
+    bool large;
+    std::vector<bool> touched;
+  };
+  std::vector<Range> ranges;
+  for (const SegmentInfo& s : snap.segments) {
+    EXPECT_TRUE(s.is_expandable);
+    auto it = std::find_if(ranges.begin(), ranges.end(),
+                           [&](const Range& r) { return r.base == s.range_address; });
+    const std::size_t page = s.is_large ? 20 * MiB : 2 * MiB;
+    if (it == ranges.end()) {
+      ranges.push_back({s.range_address, s.range_size, s.is_large,
+                        std::vector<bool>((s.range_size + page - 1) / page, false)});
+      it = ranges.end() - 1;
+    }
+    for (const BlockInfo& b : s.blocks) {
+      if (b.state == BlockState::inactive) continue;
+      const std::size_t first = (b.address - it->base) / page;
+      const std::size_t last = (b.address + b.size - 1 - it->base) / page;
+      for (std::size_t p = first; p <= last; ++p) it->touched[p] = true;
+    }
+  }
+  std::size_t bytes = 0;
+  for (const Range& r : ranges) {
+    const std::size_t page = r.large ? 20 * MiB : 2 * MiB;
+    for (std::size_t p = 0; p < r.touched.size(); ++p) {
+      if (r.touched[p]) bytes += std::min(page, r.size - p * page);
+    }
+  }
+  return bytes;
+}
+
+/// Bytes of the blocks in use (allocated or pending).
+std::size_t active_bytes(const Snapshot& snap) {
+  std::size_t bytes = 0;
+  for (const SegmentInfo& s : snap.segments) bytes += s.active_size;
+  return bytes;
+}
+
+/// The guarantee, right after the cache was given back (empty_cache, or an out-of-memory error):
+/// what the engine still holds is at most what expandable segments' pages would.
+void expect_within_expandable(const CachingAllocator& alloc, const char* when) {
+  const Snapshot snap = alloc.snapshot();
+  const std::size_t bound = expandable_pinned(snap);
+  EXPECT_LE(alloc.reserved_bytes(), bound)
+      << when << ": the engine keeps " << alloc.reserved_bytes() - active_bytes(snap)
+      << " free bytes that no reclaim returns, expandable segments' pages "
+      << bound - active_bytes(snap);
+}
+
+/// A size from 512 B to `max` bytes: log-uniform, so that every scale appears, and rarely a
+/// multiple of 2 MiB.
+std::size_t random_size(std::mt19937_64& rng, std::size_t max) {
+  std::uniform_real_distribution<double> log2(9.0, std::log2(static_cast<double>(max)));
+  return static_cast<std::size_t>(std::exp2(log2(rng)));
+}
+
+struct Workload {
+  std::uint64_t seed;
+  std::size_t capacity;
+  std::size_t largest;
+  const char* conf;
+};
+
+void PrintTo(const Workload& w, std::ostream* out) {
+  *out << fmt::format("seed {}, {} MiB device, sizes up to {} MiB, \"{}\"", w.seed,
+                      w.capacity / MiB, w.largest / MiB, w.conf);
+}
+
+class Guarantee : public ::testing::TestWithParam<Workload> {};
+
+// Random work over three streams near and at the limit: after every step the page rule holds
+// (check()); at every out-of-memory error and at every empty_cache(), what is left is at most
+// expandable segments' pages around the same blocks.
+TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
+  const Workload w = GetParam();
+  SimDevice device(sim_options(w.capacity));
+  CachingAllocator alloc(device, Config::parse(w.conf));
+  ASSERT_TRUE(alloc.uses_virtual_memory());
+  const Stream streams[] = {default_stream, device.create_stream(), device.create_stream()};
+  std::mt19937_64 rng(w.seed);
+  std::vector<std::pair<void*, Stream>> live;
+  std::size_t ooms = 0;
+  std::size_t spans_seen = 0;
+  for (int step = 0; step < 1500; ++step) {
+    if (!live.empty() && rng() % 100 < 45) {
+      const std::size_t i = rng() % live.size();
+      // One free in ten on another stream: the block waits for that stream's work (pending).
+      const Stream on = rng() % 10 == 0 ? streams[rng() % 3] : live[i].second;
+      alloc.deallocate(live[i].first, on);
+      live[i] = live.back();
+      live.pop_back();
+    } else {
+      const Stream s = streams[rng() % 3];
+      try {
+        live.emplace_back(alloc.allocate(random_size(rng, w.largest), s), s);
+      } catch (const OutOfMemory&) {
+        ++ooms;
+        expect_within_expandable(alloc, "after an out-of-memory error");
+      }
+    }
+    if (step % 97 == 96) {
+      alloc.empty_cache();
+      expect_within_expandable(alloc, "after empty_cache()");
+    }
+    spans_seen += alloc.stats().num_handle_splits > 0 ? 1 : 0;
+    ASSERT_NO_THROW(alloc.check()) << "step " << step;
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GT(ooms, 0u) << "the workload never reached the limit";
+  EXPECT_GT(spans_seen, 0u) << "no large handle was ever given back before a smaller block";
+  for (const auto& [p, s] : live) alloc.deallocate(p, s);
+  alloc.empty_cache();
+  EXPECT_EQ(device.used_bytes(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, Guarantee,
+                         ::testing::Values(Workload{1, 8 * GiB, 3 * GiB, ""},
+                                           Workload{2, 8 * GiB, 3 * GiB, ""},
+                                           Workload{3, 16 * GiB, 6 * GiB, ""},
+                                           Workload{4, 2 * GiB, 512 * MiB, ""},
+                                           Workload{5, 512 * MiB, 64 * MiB, ""},
+                                           Workload{6, 8 * GiB, 3 * GiB, "large_handle_size_mb:20"},
+                                           Workload{7, 8 * GiB, 3 * GiB, "max_handle_size_mb:100"}),
+                         [](const ::testing::TestParamInfo<Workload>& info) {
+                           return fmt::format("seed{}", info.param.seed);
+                         });
+
+// --- the textbook case --------------------------------------------------------------------------------
+
+struct Textbook {
+  std::size_t capacity;
+  std::size_t first;  // allocated and freed before the holes
+  std::size_t block;  // the blocks that fill the device; every other one is freed
+  std::size_t ask;    // the request that only the holes together can serve (0: all that
+                      // expandable segments' pages around the blocks left would leave)
+  std::size_t group;  // holes: every other run of this many blocks
+};
+
+/// Fills the device with blocks of `t.block` after a block of `t.first` came and went, frees every
+/// other run of `t.group` and asks for `t.ask`: served by the engine, as expandable segments serve
+/// it.
+void run_textbook(CachingAllocator& alloc, const Textbook& t) {
+  if (t.first != 0) alloc.deallocate(alloc.allocate(t.first, default_stream), default_stream);
+  std::vector<void*> blocks;
+  for (;;) {
+    try {
+      blocks.push_back(alloc.allocate(t.block, default_stream));
+    } catch (const OutOfMemory&) {
+      break;
+    }
+    alloc.check();
+  }
+  std::size_t freed = 0;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if ((i / t.group) % 2 == 0) continue;
+    alloc.deallocate(blocks[i], default_stream);
+    blocks[i] = nullptr;
+    freed += t.block;
+  }
+  alloc.check();
+  // What expandable segments could serve: the device less the pages the blocks left touch.
+  const std::size_t pinned = expandable_pinned(alloc.snapshot());
+  ASSERT_LT(pinned, t.capacity);
+  const std::size_t room = (t.capacity - pinned) / (2 * MiB) * (2 * MiB);
+  const std::size_t ask = t.ask != 0 ? t.ask : room;
+  ASSERT_LE(ask, room) << "not a case expandable segments serve";
+  ASSERT_GE(freed, ask) << "the holes cannot hold the request";
+  void* big = nullptr;
+  ASSERT_NO_THROW(big = alloc.allocate(ask, default_stream));
+  alloc.check();
+  alloc.deallocate(big, default_stream);
+  for (void* p : blocks) alloc.deallocate(p, default_stream);
+}
+
+TEST(Textbook, HolesOfFreedBlocksServeALargeRequest) {
+  const Textbook cases[] = {
+      {4 * GiB, 3 * GiB, 100 * MiB, 1536 * MiB, 1},                 // the case as filed
+      {4 * GiB, 3 * GiB, 100 * MiB + 1000, 1536 * MiB + 12345, 1},  // odd sizes
+      {4 * GiB, 0, 100 * MiB, 1536 * MiB, 1},                       // no large block before
+      {16 * GiB, 10 * GiB, 300 * MiB + 4096, 6 * GiB + 777, 1},     // requests of several GiB
+      {1 * GiB, 900 * MiB, 33 * MiB + 7, 0, 1},                     // odd sizes, a small device
+      {1 * GiB, 900 * MiB, 9 * MiB + 5, 0, 3},                      // runs of three blocks
+      // The small pool's 2 MiB pages: runs of six 700 KiB blocks hold a whole page or two.
+      {256 * MiB, 200 * MiB, 700 * 1024 + 3, 48 * MiB, 6},
+  };
+  for (const Textbook& t : cases) {
+    SCOPED_TRACE(fmt::format("{} MiB device, {} then blocks of {} then {}", t.capacity / MiB,
+                             t.first, t.block, t.ask));
+    SimDevice device(sim_options(t.capacity));
+    CachingAllocator alloc(device, Config());
+    ASSERT_TRUE(alloc.uses_virtual_memory());
+    run_textbook(alloc, t);
+    alloc.empty_cache();
+    EXPECT_EQ(device.used_bytes(), 0u);
+  }
+}
+
+TEST(Textbook, HolesAtRandomServeALargeRequest) {
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    SCOPED_TRACE(seed);
+    std::mt19937_64 rng(seed);
+    const std::size_t block = 40 * MiB + rng() % (120 * MiB);
+    SimDevice device(sim_options(6 * GiB));
+    CachingAllocator alloc(device, Config());
+    // The request is what the holes hold, whatever pages the blocks left in them pin.
+    std::mt19937_64 holes(seed * 7);
+    std::vector<void*> blocks;
+    alloc.deallocate(alloc.allocate(5 * GiB, default_stream), default_stream);
+    for (;;) {
+      try {
+        blocks.push_back(alloc.allocate(block, default_stream));
+      } catch (const OutOfMemory&) {
+        break;
+      }
+    }
+    std::size_t freed = 0;
+    for (void*& p : blocks) {
+      if (holes() % 3 != 0) continue;
+      alloc.deallocate(p, default_stream);
+      p = nullptr;
+      freed += block;
+    }
+    alloc.check();
+    const std::size_t live = blocks.size() * block - freed;
+    // What expandable segments could serve: the device less the 20 MiB pages the blocks touch.
+    const std::size_t pinned = expandable_pinned(alloc.snapshot());
+    ASSERT_GT(6 * GiB, pinned);
+    const std::size_t ask = (6 * GiB - pinned) / (2 * MiB) * (2 * MiB);
+    ASSERT_GT(ask, live / 8) << "too few holes";
+    void* big = nullptr;
+    EXPECT_NO_THROW(big = alloc.allocate(ask, default_stream))
+        << "asked " << ask << " with " << live << " live";
+    alloc.check();
+    if (big != nullptr) alloc.deallocate(big, default_stream);
+    for (void* p : blocks) alloc.deallocate(p, default_stream);
+    alloc.empty_cache();
+    EXPECT_EQ(device.used_bytes(), 0u);
+  }
+}
+
+// The same sequence through PyTorch's expandable segments (the emulation the replay compares
+// against): it serves the textbook case too, so the two agree on it.
+TEST(Textbook, ExpandableSegmentsServeItToo) {
+  SimDevice device(sim_options(4 * GiB));
+  Config config;
+  config.expandable_segments = true;
+  replay::TorchAllocator torch(device, config);
+  torch.deallocate(torch.allocate(3 * GiB, default_stream), default_stream);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 30; ++i) blocks.push_back(torch.allocate(100 * MiB, default_stream));
+  for (std::size_t i = 1; i < blocks.size(); i += 2) torch.deallocate(blocks[i], default_stream);
+  void* big = torch.allocate(1536 * MiB, default_stream);
+  EXPECT_NE(big, nullptr);
+  torch.deallocate(big, default_stream);
+  for (std::size_t i = 0; i < blocks.size(); i += 2) torch.deallocate(blocks[i], default_stream);
+}
+
+}  // namespace
+}  // namespace cistern::testing
