@@ -99,6 +99,17 @@ class BlockIndex {
     for (int bin = 0; bin < kBins; ++bin) visit(roots_[static_cast<std::size_t>(bin)], f);
   }
 
+  /// Calls f(block) for the blocks of the bins from `size`'s on, in bin order (ascending sizes:
+  /// a bin's treap in order, then the next bin), until f returns true; returns that block, or
+  /// nullptr when f accepted none.
+  template <class F>
+  Block* find_from(std::size_t size, F&& f) const {
+    for (int bin = bin_of(size); bin >= 0; bin = next_used_bin(bin)) {
+      if (Block* found = visit_until(roots_[static_cast<std::size_t>(bin)], f)) return found;
+    }
+    return nullptr;
+  }
+
   /// The bin of a size.
   static int bin_of(std::size_t size) noexcept;
   /// Whether two sizes share a bin: bin_of(a) == bin_of(b), in fewer instructions.
@@ -125,6 +136,29 @@ class BlockIndex {
       f(node);
       node = node->right;
     }
+  }
+
+  // visit, stopping at the first block f accepts (returned).
+  template <class F>
+  static Block* visit_until(Block* node, F& f) {
+    Block* stack[128];
+    int depth = 0;
+    while (node != nullptr || depth > 0) {
+      while (node != nullptr) {
+        if (depth == 128) {  // pathological depth: recursion on this subtree
+          if (Block* found = visit_until(node, f)) return found;
+          node = nullptr;
+          break;
+        }
+        stack[depth++] = node;
+        node = node->left;
+      }
+      if (depth == 0) break;
+      node = stack[--depth];
+      if (f(node)) return node;
+      node = node->right;
+    }
+    return nullptr;
   }
 
   inline int next_used_bin(int after) const noexcept;

@@ -128,14 +128,18 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
  public:
   explicit MappedHandles(Impl& a) : Backing(a), g_(a.device_.granularity()) {}
 
-  // The best fit when its pages are mapped; else the smallest block that can serve the request
-  // on pages already mapped: the best fit would take new handles - or, near the limit, the very
+  // The best fit when its pages are mapped. Else, while no growth has had to reclaim and the best
+  // fit lacks at most a page of granules, none: the miss path maps them, once, so that the same
+  // request later hits the best fit on the hot path (taking another block each time would send
+  // it down the miss path every time). Else the smallest block that can serve the request on
+  // pages already mapped: the best fit would take new handles - or, near the limit, the very
   // handles of that mapped block, unmapped and mapped again - where the other needs none (address
   // space is plentiful, physical memory is not).
   Block* cached_fit(StreamPool& pool, std::size_t size, bool small) override {
     Block* b = pool.find(size, small);
     if (b == nullptr) return nullptr;
     if (mapped(*b, size, small)) return needs_finer(*b, size, small) ? nullptr : b;
+    if (!constrained_ && missing(*b, size, small) <= page_granules(*b->segment)) return nullptr;
     return smallest_mapped_fit(pool, size, small);
   }
 
@@ -165,6 +169,10 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   bool mapped(const Block& b, std::size_t size, bool small) const noexcept {
     return b.segment->pages_mapped(b.addr, b.addr + used_part(b, size, small));
   }
+  /// The granules under the part of `b` that `size` takes that are not mapped.
+  std::size_t missing(const Block& b, std::size_t size, bool small) const noexcept {
+    return b.segment->unmapped_under(b.addr, b.addr + used_part(b, size, small));
+  }
   // The granule arithmetic: the granules of `seg` that bytes [lo, hi) touch, and those lying
   // entirely inside them.
   GranuleRun touched(const Segment& seg, std::uintptr_t lo, std::uintptr_t hi) const noexcept {
@@ -184,7 +192,6 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
     return first / page != (first + granules - 1) / page;
   }
   Block* smallest_mapped_fit(const StreamPool& pool, std::size_t size, bool small) const;
-  Block* fewest_new_pages(StreamPool& pool, std::size_t size, bool small) const;
   std::vector<std::uint32_t> finer_under(const Block& b, std::uintptr_t hi) const;
   bool needs_finer(const Block& b, std::size_t size, bool small) const;
   bool make_finer(StreamPool& pool, Block& b, std::uintptr_t hi);
@@ -247,27 +254,25 @@ bool CachingAllocator::Impl::MappedHandles::possible(std::size_t size) const noe
   return (a_.device_total_ == 0 || bytes <= a_.device_total_) && bytes <= a_.allowed_;
 }
 
-// A scan of the pool's free blocks: only a request whose best fit lacks pages - one that would
-// otherwise call the device - pays for it.
+// The pool's free blocks from the best fit's bin on, in the index's order (smallest, then lowest
+// address), until one qualifies: only a request whose best fit lacks pages - one that would
+// otherwise call the device - pays for it, and usually a few blocks' worth.
 Block* CachingAllocator::Impl::MappedHandles::smallest_mapped_fit(const StreamPool& pool,
                                                                   std::size_t size,
                                                                   bool small) const {
-  Block* best = nullptr;
-  pool.index(small).for_each([&](Block* c) {
-    if (c->size < size || (best != nullptr && c->size >= best->size)) return;
-    if (!a_.policy_.may_serve(c->size, size)) return;
-    if (mapped(*c, size, small) && !needs_finer(*c, size, small)) best = c;
+  return pool.index(small).find_from(size, [&](const Block* c) {
+    return c->size >= size && a_.policy_.may_serve(c->size, size) && mapped(*c, size, small) &&
+           !needs_finer(*c, size, small);
   });
-  return best;
 }
 
-// A free block (fewest_new_pages, or a new segment) with handles mapped under the part the request
-// takes, or nullptr when the device or the limit has no room for them (with `reclaim`: even after
-// giving back the handles under cached free blocks).
+// The best fit (or a new segment) with handles mapped under the part the request takes, or
+// nullptr when the device or the limit has no room for them (with `reclaim`: even after giving
+// back the handles under cached free blocks).
 Block* CachingAllocator::Impl::MappedHandles::back(StreamPool& pool, std::size_t size, bool small,
                                                    bool reclaim) {
   if (!possible(size)) return nullptr;
-  Block* b = constrained_ ? pool.find(size, small) : fewest_new_pages(pool, size, small);
+  Block* b = pool.find(size, small);
   if (b == nullptr) b = new_segment(pool, size, small);
   if (b == nullptr || !map_for(pool, *b, size, small, reclaim)) {
     if (!a_.refusal_.empty()) drop_unmapped_segments(&pool);  // classic segments take over
@@ -275,35 +280,6 @@ Block* CachingAllocator::Impl::MappedHandles::back(StreamPool& pool, std::size_t
   }
   grown_ = true;
   return b;
-}
-
-// The free block of `pool` on which `size` needs the fewest granules mapped - the best fit
-// (smallest, then lowest address) among those - or nullptr: while there is room (no growth has
-// had to reclaim yet), a growth reuses the free pages that cached blocks hold before it asks for
-// new ones, as expandable segments grow a free block into the unmapped space after it, so that
-// the engine reserves no more than classic segments would. Near the limit the plain best fit
-// packs the address space tighter. A scan of the pool's free blocks, on the path that calls the
-// device.
-Block* CachingAllocator::Impl::MappedHandles::fewest_new_pages(StreamPool& pool, std::size_t size,
-                                                               bool small) const {
-  Block* best = pool.find(size, small);
-  if (best == nullptr) return nullptr;
-  std::size_t best_new =
-      best->segment->unmapped_under(best->addr, best->addr + used_part(*best, size, small));
-  if (best_new == 0) return best;
-  static_cast<const StreamPool&>(pool).index(small).for_each([&](Block* c) {
-    if (c->size < size || !a_.policy_.may_serve(c->size, size)) return;
-    const std::size_t fresh =
-        c->segment->unmapped_under(c->addr, c->addr + used_part(*c, size, small));
-    const bool better = fresh < best_new ||
-                        (fresh == best_new &&
-                         (c->size < best->size || (c->size == best->size && c->addr < best->addr)));
-    if (better) {
-      best = c;
-      best_new = fresh;
-    }
-  });
-  return best;
 }
 
 // Before a fallback to classic segments: releases every expandable segment (none has a mapped
