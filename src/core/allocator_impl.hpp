@@ -212,10 +212,7 @@ class CachingAllocator::Impl {
   std::unique_ptr<Backing> make_mapped_handles();
 
   // Device memory and reclamation common to both backings (reclaim.cpp); global lock held.
-  bool take_over_segment(detail::StreamPool& pool, std::size_t size, bool small, bool idle_only);
-  /// Requests of its own pool a whole free segment must sit out before another stream may take
-  /// it over while the device still has room.
-  static constexpr std::uint64_t kTakeOverAge = 16;
+  bool take_over_segment(detail::StreamPool& pool, std::size_t size, bool small);
   bool release_oversize(detail::StreamPool& pool, std::size_t size);
   std::size_t release_cache(const detail::StreamPool* held, bool asked = false);
   void collect_garbage(const detail::StreamPool* held);

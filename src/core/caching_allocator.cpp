@@ -249,8 +249,8 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
 
 // A miss: what PyTorch does, in its order, for classic segments and the engine alike (only how
 // memory is obtained and given back differs: Backing), with two steps added - taking over a
-// cached segment from another stream before asking the device, and (the engine) reclaiming the
-// memory under cached free blocks before releasing the whole cache.
+// cached segment from another stream when the device has no room, and (the engine) reclaiming
+// the memory under cached free blocks before releasing the whole cache.
 void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, std::size_t bytes,
                                             bool small) {
   std::lock_guard<std::mutex> global(mutex_);
@@ -264,12 +264,11 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   pool.flush_parked();
   if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   if (config_.garbage_collection_threshold > 0.0) collect_garbage(&pool);
-  if (config_.cross_stream_reuse && take_over_segment(pool, size, small, /*idle_only=*/true)) {
-    if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
-  }
   if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
-  // The device is full: any cached segment of another stream is better than freeing the cache.
-  if (config_.cross_stream_reuse && take_over_segment(pool, size, small, /*idle_only=*/false)) {
+  // The device is full: a cached segment of another stream is better than freeing the cache.
+  // Only then: while there is room, each stream keeps its own cache, so that streams in a steady
+  // state never take memory from each other (nor order one after the other's work).
+  if (config_.cross_stream_reuse && take_over_segment(pool, size, small)) {
     if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   }
   if (release_oversize(pool, size)) {

@@ -24,25 +24,21 @@ bool before(const Block* a, const Block* b) noexcept {
 
 }  // namespace
 
-// Pool lock held. Moves the best-fitting whole free segment of another stream's pool into this
-// one. The segment may still be in use by work already submitted to its stream, so this stream
-// is first made to wait for that work with an event (on the device; the host does not block).
-// `idle_only`: take only segments their pool has left unused for kTakeOverAge of its requests,
-// so that two busy streams do not keep taking the same segment from each other; without it
-// (the device is full) any whole free segment will do.
-bool CachingAllocator::Impl::take_over_segment(StreamPool& pool, std::size_t size, bool small,
-                                               bool idle_only) {
+// Pool lock held; the device has no room for the request. Moves the best-fitting whole free
+// segment of another stream's pool into this one. The segment may still be in use by work already
+// submitted to its stream, so this stream is first made to wait for that work with an event (on
+// the device; the host does not block).
+bool CachingAllocator::Impl::take_over_segment(StreamPool& pool, std::size_t size, bool small) {
   Block* best = nullptr;
   StreamPool* owner = nullptr;
   std::unique_lock<detail::SpinLock> owner_lock;
   for (const auto& other : pools_.all()) {
     if (other.get() == &pool) continue;
     std::unique_lock<detail::SpinLock> lock(other->mutex);
-    if (!idle_only) other->flush_parked();  // parked blocks keep segments from looking whole
+    other->flush_parked();  // parked blocks keep segments from looking whole
     bool improved = false;
     for (Block* b = other->whole_free(small); b != nullptr; b = b->whole_next) {
       if (b->size < size || !policy_.may_serve(b->size, size)) continue;
-      if (idle_only && other->lookups(small) - b->gc_base < kTakeOverAge) continue;
       if (best == nullptr || before(b, best)) {
         best = b;
         improved = true;
