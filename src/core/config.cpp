@@ -381,22 +381,26 @@ constexpr Option kOptions[] = {
      },
      nullptr},
     {"small_handle_size_mb", "MiB, > 0",
-     "With the engine: the least a growth of the small pool maps when the device has room (it "
-     "extends over the free rest of its block); near the limit handles are smaller.",
+     "With the engine: the small pool is near the limit when a 32nd of the room left is less "
+     "than this: growths are no longer extended over the rest of their page, and after a "
+     "reclaim a large free handle under a small request goes back first. With "
+     "release_threshold_mb, also the largest handle.",
      [](Config& c, const std::string& text) { c.small_handle_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.small_handle_size); },
      [](const Config& c) { return positive_size(c.small_handle_size); }},
     {"large_handle_size_mb", "MiB, > 0",
-     "With the engine: the least a growth of the large pool maps when the device has room (it "
-     "extends over the free rest of its block, by up to an eighth of what the pool holds); near "
-     "the limit handles are smaller.",
+     "With the engine: the large pool is near the limit when a 32nd of the room left is less "
+     "than this: growths are no longer extended over the rest of their page, and after a "
+     "reclaim a large free handle under a small request goes back first. With "
+     "release_threshold_mb, also the largest handle.",
      [](Config& c, const std::string& text) { c.large_handle_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.large_handle_size); },
      [](const Config& c) { return positive_size(c.large_handle_size); }},
     {"max_handle_size_mb", "MiB or auto",
-     "With the engine: the largest physical handle created; auto: at most a 32nd of the room the "
-     "device and the limit leave after it (one per growth with room to spare: the driver's cost "
-     "is per mapping), at most 6 per growth.",
+     "With the engine: the largest physical handle created; auto: one page of PyTorch's "
+     "expandable segments (2 MiB small, 20 MiB large), at most a 32nd of the room the device "
+     "and the limit leave after it, 6 per run near the limit. Above a page, the granules inside "
+     "one block may share a handle, given back before a smaller block takes part of it.",
      [](Config& c, const std::string& text) {
        if (text == "auto") {
          c.max_handle_size = 0;
@@ -425,8 +429,9 @@ constexpr Option kOptions[] = {
      [](Config& c, const std::string& text) { c.memory_limit = parse_mib(text); },
      [](const Config& c) { return mib_text(c.memory_limit); }, nullptr},
     {"cross_stream_reuse", "bool",
-     "Lets a stream take over a whole cached segment of another stream, ordered after that "
-     "stream's work by an event, before asking the device for more memory.",
+     "When the device (or the limit) has no room for a request, lets its stream take over a whole "
+     "cached segment of another stream, ordered after that stream's work by an event, before the "
+     "cache is given back; while there is room each stream keeps its own cache.",
      [](Config& c, const std::string& text) { c.cross_stream_reuse = parse_bool(text); },
      [](const Config& c) { return bool_text(c.cross_stream_reuse); }, nullptr},
     {"park_small_blocks", "bool",
