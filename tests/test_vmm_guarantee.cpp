@@ -154,8 +154,8 @@ INSTANTIATE_TEST_SUITE_P(Seeds, Guarantee,
                                            Workload{5, 512 * MiB, 64 * MiB, ""},
                                            Workload{6, 8 * GiB, 3 * GiB, "large_handle_size_mb:20"},
                                            Workload{7, 8 * GiB, 3 * GiB, "max_handle_size_mb:100"}),
-                         [](const ::testing::TestParamInfo<Workload>& info) {
-                           return fmt::format("seed{}", info.param.seed);
+                         [](const ::testing::TestParamInfo<Workload>& workload) {
+                           return fmt::format("seed{}", workload.param.seed);
                          });
 
 // --- the textbook case --------------------------------------------------------------------------------
