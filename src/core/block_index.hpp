@@ -118,29 +118,16 @@ class BlockIndex {
  private:
   template <class F>
   static void visit(Block* node, F& f) {
-    // Explicit stack: a treap's depth is logarithmic in expectation, but never trust that.
-    Block* stack[128];
-    int depth = 0;
-    while (node != nullptr || depth > 0) {
-      while (node != nullptr) {
-        if (depth == 128) {  // pathological depth: fall back to recursion on this subtree
-          visit(node, f);
-          node = nullptr;
-          break;
-        }
-        stack[depth++] = node;
-        node = node->left;
-      }
-      if (depth == 0) break;
-      node = stack[--depth];
-      f(node);
-      node = node->right;
-    }
+    visit_until(node, [&f](Block* b) {
+      f(b);
+      return false;
+    });
   }
 
-  // visit, stopping at the first block f accepts (returned).
+  // In order; stops at the first block f accepts and returns it (nullptr: none). An explicit
+  // stack: a treap's depth is logarithmic in expectation, but never trust that.
   template <class F>
-  static Block* visit_until(Block* node, F& f) {
+  static Block* visit_until(Block* node, F&& f) {
     Block* stack[128];
     int depth = 0;
     while (node != nullptr || depth > 0) {

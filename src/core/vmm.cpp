@@ -410,11 +410,11 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
   const std::size_t limit = touched(seg, b.addr, b.addr + b.size).end;
   const auto held = static_cast<std::size_t>(pool.stats().current(
       StatKind::reserved_bytes, small ? StatPool::small_pool : StatPool::large_pool));
+  const GranuleRun request = touched(seg, b.addr, hi);
   const std::vector<PlannedHandle> planned =
-      plan(seg, touched(seg, b.addr, hi), inside(seg, b.addr, hi), limit, small, held, pages_only);
+      plan(seg, request, inside(seg, b.addr, hi), limit, small, held, pages_only);
   if (planned.empty()) return true;
   std::vector<std::uint32_t> slots;
-  const GranuleRun request = touched(seg, b.addr, hi);
   if (!create(planned, slots, pool, Keep{&seg, request.first, request.end}, reclaim)) return false;
   return map_planned(pool, seg, planned, slots);
 }
