@@ -3,6 +3,8 @@
 import ctypes
 import glob
 import os
+import re
+import sys
 import threading
 
 LIBRARY_NAME = "libcistern_plugin.so"
@@ -38,8 +40,9 @@ ERROR_NAMES = {
 
 def candidates():
     """The places searched, in order: $CISTERN_PLUGIN_LIBRARY alone when it is set; otherwise
-    this package's folder, the source tree's build folders (build*/src/plugin/), then the
-    system's library path."""
+    this package's folder (where an installed wheel has it), the source tree's build folders
+    (build*/src/plugin/, when this package is python/cistern of a checkout), then the system's
+    library path."""
     env = os.environ.get("CISTERN_PLUGIN_LIBRARY")
     if env:
         return [env]
@@ -47,9 +50,50 @@ def candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     found.append(os.path.join(here, LIBRARY_NAME))
     root = os.path.dirname(os.path.dirname(here))  # python/cistern -> repository root
-    found.extend(sorted(glob.glob(os.path.join(root, "build*", "src", "plugin", LIBRARY_NAME))))
+    if os.path.exists(os.path.join(root, "CMakeLists.txt")):  # not in site-packages
+        found.extend(sorted(glob.glob(os.path.join(root, "build*", "src", "plugin",
+                                                   LIBRARY_NAME))))
     found.append(LIBRARY_NAME)  # the dynamic loader's own search (LD_LIBRARY_PATH, ld.so.cache)
     return found
+
+
+def cuda_runtime_candidates(soname):
+    """Where a CUDA runtime (`soname`, e.g. libcudart.so.13) the loader did not find may be: the
+    CUDA toolkit ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda), then NVIDIA's runtime wheels
+    (site-packages/nvidia/*/lib, which PyTorch's CUDA wheels install)."""
+    folders = []
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            folders += [os.path.join(home, "lib64"), os.path.join(home, "lib")]
+    for entry in sys.path:
+        folders += sorted(glob.glob(os.path.join(entry or ".", "nvidia", "*", "lib")))
+    return [os.path.join(folder, soname) for folder in folders
+            if os.path.exists(os.path.join(folder, soname))]
+
+
+def _preload_cuda_runtime(error):
+    """After `error` says the CUDA runtime was not found: loads the first one found (RTLD_GLOBAL,
+    so that the plug-in's dependency resolves to it). True when one was loaded."""
+    match = re.search(r"(libcudart\.so\.\d+): cannot open shared object file", str(error))
+    if not match:
+        return False
+    for candidate in cuda_runtime_candidates(match.group(1)):
+        try:
+            ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _open(path):
+    """ctypes.CDLL(path), once more after loading the CUDA runtime when only that was missing."""
+    try:
+        return ctypes.CDLL(path)
+    except OSError as error:
+        if not _preload_cuda_runtime(error):
+            raise
+    return ctypes.CDLL(path)
 
 
 def _declare(lib):
@@ -99,7 +143,7 @@ def load():
                 tried.append(path + " (missing)")
                 continue
             try:
-                lib = ctypes.CDLL(path)
+                lib = _open(path)
             except OSError as error:
                 tried.append("%s (%s)" % (path, error))
                 continue
@@ -107,8 +151,9 @@ def load():
             _library, _path = lib, path
             return lib
         raise OSError(
-            "cistern: cannot find %s. Build it (cmake --build build --target cistern_plugin) and "
-            "set CISTERN_PLUGIN_LIBRARY to its path, or copy it next to the cistern package. "
+            "cistern: cannot find %s. Install the wheel that carries it (scripts/build-wheel.sh "
+            "builds cistern-alloc-cu<N>), or build it (cmake --build build --target "
+            "cistern_plugin) and set CISTERN_PLUGIN_LIBRARY to its path. "
             "Tried:\n  %s" % (LIBRARY_NAME, "\n  ".join(tried)))
 
 
