@@ -138,7 +138,9 @@ if ! grep -q "^name = \"cistern-alloc-$variant\"$" "$stage/pyproject.toml"; then
 fi
 
 "$python" -m pip wheel --no-deps --no-index --no-build-isolation --disable-pip-version-check \
-  --quiet --wheel-dir "$outdir" "$stage"
-wheel="$(ls -t "$outdir"/cistern_alloc_"$variant"-*.whl | head -n 1)"
+  --no-cache-dir --quiet --wheel-dir "$stage/dist" "$stage"
+built=("$stage"/dist/*.whl)
+wheel="$outdir/$(basename "${built[0]}")"
+mv -f "${built[0]}" "$wheel"
 echo "build-wheel: $(du -k "$wheel" | cut -f1) KiB, from $plugin"
 echo "$wheel"
