@@ -100,7 +100,7 @@ CachingAllocator::Impl::Impl(Device& device, Config config)
         "served by PassThroughAllocator - make_allocator(device, config) picks it");
   }
   MemoryInfo info;
-  if (device_.memory_info(&info) == Status::ok) device_total_ = info.total;
+  if (device_.memory_info(&info) == Status::ok) reservation_.device_total = info.total;
   update_allowed();
   choose_backing();
 }
@@ -121,7 +121,8 @@ void CachingAllocator::Impl::choose_backing() {
     vmm_note_ =
         fmt::format("device {} ({}) has no virtual memory", device_.index(), device_.name());
   }
-  backing_ = vmm_ ? make_mapped_handles() : make_segments();
+  backing_ = vmm_ ? detail::make_mapped_handles(backing_context())
+                  : detail::make_segments(backing_context());
   if (vmm_) policy_ = policy_.for_engine();
   trims_ = vmm_ && config_.release_threshold != SIZE_MAX;
 }
@@ -149,19 +150,29 @@ void CachingAllocator::Impl::fall_back_to_segments(const std::string& why, const
   }
   // Kept, not destroyed: this runs inside a call the engine made.
   retired_backing_ = std::move(backing_);
-  backing_ = make_segments();
+  backing_ = detail::make_segments(backing_context());
 }
 
-// Backing::grow, and the fallback to classic segments when the engine is refused at its first
+// The backing's grow, and the fallback to classic segments when the engine is refused at its first
 // growth (the request is then served by a segment).
 Block* CachingAllocator::Impl::grow(StreamPool& pool, std::size_t size, bool small) {
-  Block* b = backing_->grow(pool, size, small);
-  if (b == nullptr && !refusal_.empty()) {
-    fall_back_to_segments(refusal_, &pool);
-    refusal_.clear();
-    b = backing_->grow(pool, size, small);
-  }
-  return b;
+  const detail::Growth growth = backing_->grow(pool, size, small);
+  if (growth.block != nullptr || growth.refusal.empty()) return growth.block;
+  fall_back_to_segments(growth.refusal, &pool);
+  return backing_->grow(pool, size, small).block;
+}
+
+Block* CachingAllocator::Impl::reclaim_and_grow(StreamPool& pool, std::size_t size, bool small) {
+  const detail::Growth growth = backing_->reclaim_and_grow(pool, size, small);
+  if (growth.block != nullptr || growth.refusal.empty()) return growth.block;
+  fall_back_to_segments(growth.refusal, &pool);
+  return backing_->grow(pool, size, small).block;
+}
+
+detail::BackingContext CachingAllocator::Impl::backing_context() {
+  return {device_,      config_,   policy_, pools_,
+          reservation_, counters_, events_, detail::HistorySink(history_),
+          tight_};
 }
 
 CachingAllocator::Impl::~Impl() {
@@ -178,7 +189,7 @@ CachingAllocator::Impl::~Impl() {
 }
 
 void CachingAllocator::Impl::update_allowed() {
-  allowed_ = detail::allowed_bytes(config_, device_total_);
+  reservation_.allowed = detail::allowed_bytes(config_, reservation_.device_total);
 }
 
 void CachingAllocator::Impl::set_memory_fraction(double fraction) {
@@ -274,9 +285,9 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   if (release_oversize(pool, size)) {
     if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
   }
-  if (Block* b = backing_->reclaim_and_grow(pool, size, small)) return pool.take(b, size, bytes);
+  if (Block* b = reclaim_and_grow(pool, size, small)) return pool.take(b, size, bytes);
   // Last resort: wait for every pending free, return the whole cache to the device, retry.
-  ++num_alloc_retries_;
+  ++counters_.alloc_retries;
   release_cache(&pool);
   if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
@@ -544,7 +555,7 @@ void CachingAllocator::Impl::throw_impossible_size(std::size_t bytes) {
   info.requested = bytes;
   {
     std::lock_guard<std::mutex> global(mutex_);
-    ++num_ooms_;
+    ++counters_.ooms;
   }
   throw OutOfMemory(info, fmt::format("cistern: out of memory on device {}: tried to allocate "
                                       "{} bytes, more than any device has (the limit is {})",
@@ -555,7 +566,7 @@ void CachingAllocator::Impl::throw_impossible_size(std::size_t bytes) {
 void CachingAllocator::Impl::throw_out_of_memory(StreamPool& pool, std::size_t bytes,
                                                  std::size_t size, std::size_t segment,
                                                  bool small) {
-  ++num_ooms_;
+  ++counters_.ooms;
   OutOfMemoryInfo info;
   info.device = device_.index();
   info.requested = bytes;
@@ -567,7 +578,7 @@ void CachingAllocator::Impl::throw_out_of_memory(StreamPool& pool, std::size_t b
   }
   info.cached = info.reserved - info.allocated;
   info.largest_free = pool.largest_free(small);
-  info.limit = allowed_ == SIZE_MAX ? 0 : allowed_;
+  info.limit = reservation_.allowed == SIZE_MAX ? 0 : reservation_.allowed;
   MemoryInfo mem;
   if (device_.memory_info(&mem) == Status::ok) {
     info.device_total = mem.total;

@@ -32,19 +32,7 @@ Stats CachingAllocator::Impl::stats() const {
     }
     shared_stats_.export_to(s);
   }
-  s.num_alloc_retries = num_alloc_retries_;
-  s.num_ooms = num_ooms_;
-  s.num_sync_all_streams = num_sync_all_streams_;
-  s.num_device_alloc = num_device_alloc_;
-  s.num_device_free = num_device_free_;
-  s.num_cross_stream_reuse = num_cross_stream_reuse_;
-  s.num_pages_mapped = num_pages_mapped_;
-  s.num_pages_unmapped = num_pages_unmapped_;
-  s.num_pages_reclaimed = num_pages_reclaimed_;
-  s.num_handles_created = num_handles_created_;
-  s.num_handles_released = num_handles_released_;
-  s.num_reclaim_syncs = num_reclaim_syncs_;
-  s.num_handle_splits = num_handle_splits_;
+  counters_.export_to(s);
   s.num_vmm_fallbacks = vmm_note_.empty() ? 0 : 1;
   s.max_split_size =
       config_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(config_.max_split_size);
@@ -67,10 +55,7 @@ void CachingAllocator::Impl::reset_accumulated_stats() {
   for (const auto& pool : pools_.all()) {
     pool->stats().reset_sums();
   }
-  num_alloc_retries_ = num_ooms_ = num_sync_all_streams_ = 0;
-  num_device_alloc_ = num_device_free_ = num_cross_stream_reuse_ = 0;
-  num_pages_mapped_ = num_pages_unmapped_ = num_pages_reclaimed_ = 0;
-  num_handles_created_ = num_handles_released_ = num_reclaim_syncs_ = num_handle_splits_ = 0;
+  counters_ = detail::Counters{};
 }
 
 // --- snapshot -------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ bool CachingAllocator::Impl::take_over_segment(StreamPool& pool, std::size_t siz
   detail::Segment* segment = owner->remove_whole_segment(best, /*count_as_freed=*/false);
   owner_lock.unlock();
   pool.adopt_segment(segment);
-  ++num_cross_stream_reuse_;
+  ++counters_.cross_stream_reuse;
   return true;
 }
 
@@ -82,11 +82,11 @@ bool CachingAllocator::Impl::release_oversize(StreamPool& pool, std::size_t size
   std::sort(oversize.begin(), oversize.end(), before);
   const auto fit = std::find_if(oversize.begin(), oversize.end(),
                                 [&](const Block* b) { return b->size >= needed; });
-  if (fit != oversize.end()) return backing_->release_segment(pool, *fit);
+  if (fit != oversize.end()) return backing_->release_segment(pool, *fit).ok();
   std::size_t released = 0;
   for (auto it = oversize.rbegin(); it != oversize.rend() && released < needed; ++it) {
     const std::size_t bytes = (*it)->size;
-    if (backing_->release_segment(pool, *it)) released += bytes;
+    if (backing_->release_segment(pool, *it).ok()) released += bytes;
   }
   return released >= needed;
 }
@@ -94,36 +94,37 @@ bool CachingAllocator::Impl::release_oversize(StreamPool& pool, std::size_t size
 // Waits for every pending free of every pool, then returns every whole free segment to the
 // device, and what the backing holds under the cached free blocks of the others (the engine's
 // handles; PyTorch unmaps the free pages of its expandable segments here too). `held`: a pool
-// whose lock the caller holds. Returns how many releases failed.
-std::size_t CachingAllocator::Impl::release_cache(const StreamPool* held, bool asked) {
+// whose lock the caller holds. Returns the releases that failed.
+detail::Releases CachingAllocator::Impl::release_cache(const StreamPool* held, bool asked) {
   AllPoolsLock locks(pools_, held);
-  ++num_sync_all_streams_;
+  ++counters_.sync_all_streams;
   for (const auto& pool : pools_.all()) {
     pool->synchronize_events(device_);
     pool->flush_parked();
   }
-  std::size_t failures = 0;
+  detail::Releases releases;
   for (const auto& pool : pools_.all()) {
     for (const bool small : {true, false}) {
       Block* b = pool->whole_free(small);
       while (b != nullptr) {
         Block* next = b->whole_next;
-        if (!backing_->release_segment(*pool, b)) ++failures;
+        releases += backing_->release_segment(*pool, b);
         b = next;
       }
     }
   }
-  return failures + backing_->release_rest(asked);
+  releases += backing_->release_rest(asked);
+  return releases;
 }
 
 void CachingAllocator::Impl::empty_cache() {
   std::lock_guard<std::mutex> global(mutex_);
-  const std::size_t failures = release_cache(nullptr, /*asked=*/true);
-  if (failures != 0) {
+  const detail::Releases releases = release_cache(nullptr, /*asked=*/true);
+  if (!releases.ok()) {
     throw DeviceError("deallocate",
                       fmt::format("cistern: empty_cache: {} segment(s) or handle(s) could not be "
                                   "returned to the device and stay cached; last failure: {}",
-                                  failures, last_release_error_));
+                                  releases.failures, releases.last_error));
   }
 }
 
@@ -133,9 +134,10 @@ void CachingAllocator::Impl::empty_cache() {
 // average age, until back under the threshold; then, with the engine, handles under cached free
 // blocks (largest first) for what is still above it.
 void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
-  if (allowed_ == SIZE_MAX) return;  // as in PyTorch, only with a fraction or a limit
-  const auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
-                                                  static_cast<double>(allowed_));
+  const std::size_t allowed = reservation_.allowed;
+  if (allowed == SIZE_MAX) return;  // as in PyTorch, only with a fraction or a limit
+  const auto threshold =
+      static_cast<std::size_t>(config_.garbage_collection_threshold * static_cast<double>(allowed));
   if (reserved_bytes() <= threshold) return;
   const std::size_t target = reserved_bytes() - threshold;
 
@@ -163,7 +165,7 @@ void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
       if (c.block == nullptr || static_cast<double>(c.age) < average || reclaimed >= target)
         continue;
       const std::size_t bytes = c.block->size;
-      if (backing_->release_segment(*c.pool, c.block)) reclaimed += bytes;
+      if (backing_->release_segment(*c.pool, c.block).ok()) reclaimed += bytes;
       total_age -= c.age;
       --left;
       c.block = nullptr;
@@ -176,29 +178,31 @@ void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
   if (reclaimed < target) backing_->collect(target - reclaimed);
 }
 
-// Blocks until the work submitted to `stream` so far has completed, through an event that is
-// queried first (most reclaims find the stream idle and wait for nothing).
-void CachingAllocator::Impl::wait_for_stream(Stream stream) {
+namespace detail {
+
+void wait_for_stream(const BackingContext& ctx, Stream stream) {
   Event event;
   try {
-    event = events_.acquire();
+    event = ctx.events.acquire();
   } catch (const DeviceError&) {
-    ++num_reclaim_syncs_;
-    detail::check_device(device_, device_.synchronize_stream(stream), DeviceOp::synchronize_stream);
+    ++ctx.counters.reclaim_syncs;
+    check_device(ctx.device, ctx.device.synchronize_stream(stream), DeviceOp::synchronize_stream);
     return;
   }
-  Status status = device_.record_event(event, stream);
-  if (status == Status::ok) status = device_.query_event(event);
+  Status status = ctx.device.record_event(event, stream);
+  if (status == Status::ok) status = ctx.device.query_event(event);
   if (status == Status::not_ready) {
-    ++num_reclaim_syncs_;
-    status = device_.synchronize_event(event);
+    ++ctx.counters.reclaim_syncs;
+    status = ctx.device.synchronize_event(event);
   }
-  events_.release(event);
+  ctx.events.release(event);
   if (status != Status::ok) {
     // Unmapping without knowing the work is done would be unsafe: fall back to the stream.
-    ++num_reclaim_syncs_;
-    detail::check_device(device_, device_.synchronize_stream(stream), DeviceOp::synchronize_stream);
+    ++ctx.counters.reclaim_syncs;
+    check_device(ctx.device, ctx.device.synchronize_stream(stream), DeviceOp::synchronize_stream);
   }
 }
+
+}  // namespace detail
 
 }  // namespace cistern

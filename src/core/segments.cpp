@@ -5,15 +5,15 @@
 // device without virtual memory.
 #include <fmt/format.h>
 
-#include "allocator_impl.hpp"
+#include "backing.hpp"
+#include "cistern/errors.hpp"
 #include "device_call.hpp"
 
-namespace cistern {
+namespace cistern::detail {
 
-using detail::Block;
-using detail::StreamPool;
+namespace {
 
-class CachingAllocator::Impl::Segments final : public Backing {
+class Segments final : public Backing {
  public:
   using Backing::Backing;
 
@@ -23,59 +23,59 @@ class CachingAllocator::Impl::Segments final : public Backing {
 
   // A new segment's single free block (indexed), or nullptr when the device (or the configured
   // limit) has no room. Other device failures throw with nothing changed.
-  Block* grow(StreamPool& pool, std::size_t size, bool small) override {
-    const std::size_t bytes = a_.policy_.segment_size(size);
-    if (a_.exceeds_limit(bytes)) return nullptr;
+  Growth grow(StreamPool& pool, std::size_t size, bool small) override {
+    const std::size_t bytes = ctx_.policy.segment_size(size);
+    if (ctx_.reservation.exceeds_limit(bytes)) return {};
     void* ptr = nullptr;
-    const Status status = a_.device_.allocate(bytes, &ptr);
-    if (status == Status::out_of_memory) return nullptr;
-    detail::check_device(a_.device_, status, DeviceOp::allocate);
-    ++a_.num_device_alloc_;
-    a_.reserved_.fetch_add(bytes, std::memory_order_relaxed);
-    a_.record(HistoryEntry::Action::segment_alloc, reinterpret_cast<std::uintptr_t>(ptr), bytes,
-              pool.stream);
-    return pool.add_new_segment(reinterpret_cast<std::uintptr_t>(ptr), bytes, !small);
+    const Status status = ctx_.device.allocate(bytes, &ptr);
+    if (status == Status::out_of_memory) return {};
+    check_device(ctx_.device, status, DeviceOp::allocate);
+    ++ctx_.counters.device_alloc;
+    ctx_.reservation.add(bytes);
+    const auto base = reinterpret_cast<std::uintptr_t>(ptr);
+    ctx_.history.record(HistoryEntry::Action::segment_alloc, base, bytes, pool.stream);
+    return {pool.add_new_segment(base, bytes, !small), {}};
   }
 
   // A classic segment is returned whole or not at all: nothing to take from inside one.
-  Block* reclaim_and_grow(StreamPool& /*pool*/, std::size_t /*size*/, bool /*small*/) override {
-    return nullptr;
+  Growth reclaim_and_grow(StreamPool& /*pool*/, std::size_t /*size*/, bool /*small*/) override {
+    return {};
   }
 
-  bool release_segment(StreamPool& pool, Block* b) override {
+  Releases release_segment(StreamPool& pool, Block* b) override {
     const std::uintptr_t base = b->segment->base;
     const std::size_t size = b->segment->size;
-    const Status status = a_.device_.deallocate(reinterpret_cast<void*>(base));
+    const Status status = ctx_.device.deallocate(reinterpret_cast<void*>(base));
     if (status != Status::ok) {
-      a_.last_release_error_ = fmt::format("{}: {}", to_string(status), a_.device_.last_error());
-      return false;
+      return Releases::failed(fmt::format("{}: {}", to_string(status), ctx_.device.last_error()));
     }
-    ++a_.num_device_free_;
-    a_.reserved_.fetch_sub(size, std::memory_order_relaxed);
-    a_.record(HistoryEntry::Action::segment_free, base, size, pool.stream);
+    ++ctx_.counters.device_free;
+    ctx_.reservation.sub(size);
+    ctx_.history.record(HistoryEntry::Action::segment_free, base, size, pool.stream);
     delete pool.remove_whole_segment(b, /*count_as_freed=*/true);
-    return true;
+    return {};
   }
 
-  std::size_t release_rest(bool /*asked*/) override { return 0; }
+  Releases release_rest(bool /*asked*/) override { return {}; }
 
   // Reserved memory is the segments held.
-  void check(const std::vector<const detail::Segment*>& /*segments*/) const override {
-    std::int64_t held = 0;
-    for (const auto& pool : a_.pools_.all()) {
-      for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
-        held += static_cast<std::int64_t>(s->size);
-      }
+  void check(const std::vector<const Segment*>& /*segments*/) const override {
+    std::size_t held = 0;
+    for (const auto& pool : ctx_.pools.all()) {
+      for (const Segment* s = pool->segments(); s != nullptr; s = s->next) held += s->size;
     }
-    if (static_cast<std::int64_t>(a_.reserved_bytes()) != held) {
-      throw InvariantViolation(fmt::format(
-          "cistern::check: reserved counter {} but segments hold {}", a_.reserved_bytes(), held));
+    if (ctx_.reservation.bytes() != held) {
+      throw InvariantViolation(
+          fmt::format("cistern::check: reserved counter {} but segments hold {}",
+                      ctx_.reservation.bytes(), held));
     }
   }
 };
 
-std::unique_ptr<CachingAllocator::Impl::Backing> CachingAllocator::Impl::make_segments() {
-  return std::make_unique<Segments>(*this);
+}  // namespace
+
+std::unique_ptr<Backing> make_segments(const BackingContext& ctx) {
+  return std::make_unique<Segments>(ctx);
 }
 
-}  // namespace cistern
+}  // namespace cistern::detail

@@ -49,16 +49,15 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
+#include <utility>
 
-#include "allocator_impl.hpp"
+#include "backing.hpp"
+#include "cistern/errors.hpp"
 #include "device_call.hpp"
+#include "handle_table.hpp"
 
-namespace cistern {
-
-using detail::Block;
-using detail::HandleSlot;
-using detail::Segment;
-using detail::StreamPool;
+namespace cistern::detail {
 
 namespace {
 
@@ -122,11 +121,9 @@ struct Victim {
   std::uint32_t slot;
 };
 
-}  // namespace
-
-class CachingAllocator::Impl::MappedHandles final : public Backing {
+class MappedHandles final : public Backing {
  public:
-  explicit MappedHandles(Impl& a) : Backing(a), g_(a.device_.granularity()) {}
+  explicit MappedHandles(const BackingContext& ctx) : Backing(ctx), g_(ctx.device.granularity()) {}
 
   // The best fit when its pages are mapped. Else, while no growth has had to reclaim and the best
   // fit lacks at most a page of granules, none: the miss path maps them, once, so that the same
@@ -143,16 +140,16 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
     return smallest_mapped_fit(pool, size, small);
   }
 
-  Block* grow(StreamPool& pool, std::size_t size, bool small) override {
+  Growth grow(StreamPool& pool, std::size_t size, bool small) override {
     return back(pool, size, small, /*reclaim=*/false);
   }
 
-  Block* reclaim_and_grow(StreamPool& pool, std::size_t size, bool small) override {
+  Growth reclaim_and_grow(StreamPool& pool, std::size_t size, bool small) override {
     return back(pool, size, small, /*reclaim=*/true);
   }
 
-  bool release_segment(StreamPool& pool, Block* b) override;
-  std::size_t release_rest(bool asked) override;
+  Releases release_segment(StreamPool& pool, Block* b) override;
+  Releases release_rest(bool asked) override;
   void trim() override;
   std::size_t collect(std::size_t bytes) override {
     return reclaim_locked(bytes, Keep{}, nullptr, Unmap::release);
@@ -161,10 +158,10 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
 
  private:
   void check_page_rule(const Segment& s) const;
-  Block* back(StreamPool& pool, std::size_t size, bool small, bool reclaim);
+  Growth back(StreamPool& pool, std::size_t size, bool small, bool reclaim);
   bool possible(std::size_t size) const noexcept;
   std::size_t used_part(const Block& b, std::size_t size, bool small) const noexcept {
-    return a_.policy_.should_split(b.size, size, small) ? size : b.size;
+    return ctx_.policy.should_split(b.size, size, small) ? size : b.size;
   }
   bool mapped(const Block& b, std::size_t size, bool small) const noexcept {
     return b.segment->pages_mapped(b.addr, b.addr + used_part(b, size, small));
@@ -229,7 +226,7 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
 
   const std::size_t g_;          // the device's granularity: every handle is a multiple of it
   std::size_t reserved_va_ = 0;  // address space of the expandable segments
-  detail::HandleTable handles_;
+  HandleTable handles_;
   bool grown_ = false;  // a first growth succeeded: a refusal from now on is an error, no fallback
   bool constrained_ = false;  // a growth has had to reclaim
   // During one growth that reclaims: the granule counts of the handles it plans (a reclaimed
@@ -237,60 +234,66 @@ class CachingAllocator::Impl::MappedHandles final : public Backing {
   // released and created anew), and those kept handles. Both empty between requests.
   std::vector<std::size_t>* reuse_ = nullptr;
   std::vector<std::uint32_t> spares_;
-  std::size_t failed_releases_ = 0;          // releases the device refused (their handles stay)
+  std::size_t failed_releases_ = 0;  // releases the device refused (their handles stay)
+  std::string last_error_;           // why the most recent release failed
+  std::string
+      refusal_;  // how the device refused the engine at its first growth (back() returns it)
   std::size_t handle_limit_ = SIZE_MAX / 2;  // the largest handle plan() last allowed, granules
 };
 
-std::unique_ptr<CachingAllocator::Impl::Backing> CachingAllocator::Impl::make_mapped_handles() {
-  return std::make_unique<MappedHandles>(*this);
+}  // namespace
+
+std::unique_ptr<Backing> make_mapped_handles(const BackingContext& ctx) {
+  return std::make_unique<MappedHandles>(ctx);
 }
 
 // --- choosing and backing a block -------------------------------------------------------------------
 
 // Whether the device or the limit could ever back `size` (a request past them skips the search for
 // memory - reserving address space, scanning every pool - and goes to the release and the error).
-bool CachingAllocator::Impl::MappedHandles::possible(std::size_t size) const noexcept {
+bool MappedHandles::possible(std::size_t size) const noexcept {
   const std::size_t bytes = round_up(size, g_);
-  return (a_.device_total_ == 0 || bytes <= a_.device_total_) && bytes <= a_.allowed_;
+  return (ctx_.reservation.device_total == 0 || bytes <= ctx_.reservation.device_total) &&
+         bytes <= ctx_.reservation.allowed;
 }
 
 // The pool's free blocks from the best fit's bin on, in the index's order (smallest, then lowest
 // address), until one qualifies: only a request whose best fit lacks pages - one that would
 // otherwise call the device - pays for it, and usually a few blocks' worth.
-Block* CachingAllocator::Impl::MappedHandles::smallest_mapped_fit(const StreamPool& pool,
-                                                                  std::size_t size,
-                                                                  bool small) const {
+Block* MappedHandles::smallest_mapped_fit(const StreamPool& pool, std::size_t size,
+                                          bool small) const {
   return pool.index(small).find_from(size, [&](const Block* c) {
-    return c->size >= size && a_.policy_.may_serve(c->size, size) && mapped(*c, size, small) &&
+    return c->size >= size && ctx_.policy.may_serve(c->size, size) && mapped(*c, size, small) &&
            !needs_finer(*c, size, small);
   });
 }
 
-// The best fit (or a new segment) with handles mapped under the part the request takes, or
-// nullptr when the device or the limit has no room for them (with `reclaim`: even after giving
-// back the handles under cached free blocks).
-Block* CachingAllocator::Impl::MappedHandles::back(StreamPool& pool, std::size_t size, bool small,
-                                                   bool reclaim) {
-  if (!possible(size)) return nullptr;
+// The best fit (or a new segment) with handles mapped under the part the request takes; no block
+// when the device or the limit has no room for them (with `reclaim`: even after giving back the
+// handles under cached free blocks), or when the device refused the engine at its first growth
+// (the refusal returned; every expandable segment released, so that classic segments take over).
+Growth MappedHandles::back(StreamPool& pool, std::size_t size, bool small, bool reclaim) {
+  if (!possible(size)) return {};
   Block* b = pool.find(size, small);
   if (b == nullptr) b = new_segment(pool, size, small);
   if (b == nullptr || !map_for(pool, *b, size, small, reclaim)) {
-    if (!a_.refusal_.empty()) drop_unmapped_segments(&pool);  // classic segments take over
-    return nullptr;
+    if (refusal_.empty()) return {};
+    drop_unmapped_segments(&pool);
+    return {nullptr, std::exchange(refusal_, {})};
   }
   grown_ = true;
-  return b;
+  return {b, {}};
 }
 
 // Before a fallback to classic segments: releases every expandable segment (none has a mapped
 // granule, since no growth succeeded), so that no block of one is ever handed out unmapped.
-void CachingAllocator::Impl::MappedHandles::drop_unmapped_segments(const StreamPool* held) {
-  AllPoolsLock locks(a_.pools_, held);
-  for (const auto& pool : a_.pools_.all()) {
+void MappedHandles::drop_unmapped_segments(const StreamPool* held) {
+  AllPoolsLock locks(ctx_.pools, held);
+  for (const auto& pool : ctx_.pools.all()) {
     for (Segment* s = pool->segments(); s != nullptr;) {
       Segment* next = s->next;
       if (s->expandable && s->head->is_whole_segment() && s->head->is_free()) {
-        (void)a_.device_.release_reservation(reinterpret_cast<void*>(s->base), s->size);
+        (void)ctx_.device.release_reservation(reinterpret_cast<void*>(s->base), s->size);
         reserved_va_ -= s->size;
         delete pool->remove_whole_segment(s->head, /*count_as_freed=*/true);
       }
@@ -308,14 +311,13 @@ void CachingAllocator::Impl::MappedHandles::drop_unmapped_segments(const StreamP
 //  * near the limit (tight_), a handle of more granules than plan() now allows that lies entirely
 //    inside `b` and reaches beyond the granules the part touches: a handle that could go back
 //    whole now, and whose memory the request would otherwise hold in full.
-std::vector<std::uint32_t> CachingAllocator::Impl::MappedHandles::finer_under(
-    const Block& b, std::uintptr_t hi) const {
+std::vector<std::uint32_t> MappedHandles::finer_under(const Block& b, std::uintptr_t hi) const {
   std::vector<std::uint32_t> found;
   const Segment& seg = *b.segment;
   const GranuleRun part = touched(seg, b.addr, hi);
   const GranuleRun whole_part = inside(seg, b.addr, hi);
   const GranuleRun whole_block = inside(seg, b.addr, b.addr + b.size);
-  const bool tight = a_.tight_.load(std::memory_order_relaxed);
+  const bool tight = ctx_.tight.load(std::memory_order_relaxed);
   for (std::size_t i = part.first; i < part.end;) {
     const std::uint64_t page = seg.pages[i];
     if (page == kNoPage || (page & kCoarse) == 0) {
@@ -339,12 +341,11 @@ std::vector<std::uint32_t> CachingAllocator::Impl::MappedHandles::finer_under(
 // Whether serving `size` from the mapped free block `b` needs handles under it given back first
 // (finer_under): the page rule's test is the hot path's (Segment::cuts_span), near the limit the
 // whole walk.
-bool CachingAllocator::Impl::MappedHandles::needs_finer(const Block& b, std::size_t size,
-                                                        bool small) const {
+bool MappedHandles::needs_finer(const Block& b, std::size_t size, bool small) const {
   const Segment& seg = *b.segment;
   const std::uintptr_t hi = b.addr + used_part(b, size, small);
   if (hi != b.addr + b.size && seg.spans != 0 && seg.cuts_span(hi)) return true;
-  if (!a_.tight_.load(std::memory_order_relaxed)) return false;
+  if (!ctx_.tight.load(std::memory_order_relaxed)) return false;
   return !finer_under(b, hi).empty();
 }
 
@@ -356,42 +357,41 @@ bool CachingAllocator::Impl::MappedHandles::needs_finer(const Block& b, std::siz
 // mapped on handles of a page at most (plan()), as expandable segments would map it, so that
 // memory once cut up stays in pages and a large handle costs at most one creation and one
 // release more than expandable segments' pages over its life.
-bool CachingAllocator::Impl::MappedHandles::make_finer(StreamPool& pool, Block& b,
-                                                       std::uintptr_t hi) {
+bool MappedHandles::make_finer(StreamPool& pool, Block& b, std::uintptr_t hi) {
   const std::vector<std::uint32_t> coarse = finer_under(b, hi);
   if (coarse.empty()) return false;
   Segment& seg = *b.segment;
   const bool span = std::any_of(coarse.begin(), coarse.end(), [&](std::uint32_t slot) {
     return spans_pages(seg, handles_[slot].first, handles_[slot].granules);
   });
-  a_.wait_for_stream(pool.stream);
+  wait_for_stream(ctx_, pool.stream);
   unmap_and_release(pool, seg, coarse, Unmap::reclaim);
-  ++a_.num_handle_splits_;
+  ++ctx_.counters.handle_splits;
   return span;
 }
 
 // A new expandable segment (address space only), or nullptr when the device has no address space
 // left or refused the engine at its first growth.
-Block* CachingAllocator::Impl::MappedHandles::new_segment(StreamPool& pool, std::size_t size,
-                                                          bool small) {
+Block* MappedHandles::new_segment(StreamPool& pool, std::size_t size, bool small) {
   const std::size_t bytes =
-      round_up(std::max(a_.policy_.segment_size(size), small ? kSmallRange : kLargeRange), g_);
+      round_up(std::max(ctx_.policy.segment_size(size), small ? kSmallRange : kLargeRange), g_);
   void* va = nullptr;
-  const Status status = a_.device_.reserve(bytes, 0, &va);
+  const Status status = ctx_.device.reserve(bytes, 0, &va);
   if (status == Status::out_of_memory || refused(status, DeviceOp::reserve)) return nullptr;
-  detail::check_device(a_.device_, status, DeviceOp::reserve);
+  check_device(ctx_.device, status, DeviceOp::reserve);
   reserved_va_ += bytes;
   return pool.add_new_segment(reinterpret_cast<std::uintptr_t>(va), bytes, !small, g_);
 }
 
 // Before the engine's first successful growth, a call the device does not support (`not_supported`:
 // CUDA_ERROR_NOT_SUPPORTED from cuMemCreate or cuMemMap under MIG, vGPU or an old driver) means it
-// cannot run the engine: that is reported to the allocator, which falls back to classic segments
-// once. Any other failure, and any failure after a first growth, is an error of the request.
-bool CachingAllocator::Impl::MappedHandles::refused(Status status, DeviceOp op) {
+// cannot run the engine: back() reports that to the allocator, which falls back to classic
+// segments once. Any other failure, and any failure after a first growth, is an error of the
+// request.
+bool MappedHandles::refused(Status status, DeviceOp op) {
   if (grown_ || status != Status::not_supported) return false;
-  a_.refusal_ =
-      fmt::format("{} failed: {}: {}", to_string(op), to_string(status), a_.device_.last_error());
+  refusal_ =
+      fmt::format("{} failed: {}: {}", to_string(op), to_string(status), ctx_.device.last_error());
   return true;
 }
 
@@ -401,8 +401,8 @@ bool CachingAllocator::Impl::MappedHandles::refused(Status status, DeviceOp op) 
 // (plan()), so that the next blocks cut from it make no call. False (nothing mapped) when no
 // room can be had, or when the device refused the engine at its first growth; a failing map
 // undoes this call's handles and throws.
-bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size,
-                                                    bool small, bool reclaim) {
+bool MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size, bool small,
+                            bool reclaim) {
   Segment& seg = *b.segment;
   const std::uintptr_t hi = b.addr + used_part(b, size, small);
   const bool pages_only = make_finer(pool, b, hi);
@@ -442,9 +442,9 @@ bool CachingAllocator::Impl::MappedHandles::map_for(StreamPool& pool, Block& b, 
 //    is not extended: the next growth maps that page.
 // `tight_` (the slow path's make_finer) is set when a handle of the pool's size would no longer
 // fit the limit on handles and a growth has had to reclaim before.
-std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
-    const Segment& seg, GranuleRun request, GranuleRun whole, std::size_t limit, bool small,
-    std::size_t held, bool pages_only) {
+std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun request,
+                                               GranuleRun whole, std::size_t limit, bool small,
+                                               std::size_t held, bool pages_only) {
   std::vector<GranuleRun> runs;
   std::size_t need = 0;
   for (std::size_t i = request.first; i < request.end;) {
@@ -466,7 +466,7 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
   const std::size_t largest =
       std::min(cap_granules(small), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
   handle_limit_ = largest;
-  a_.tight_.store(constrained_ && largest < unit, std::memory_order_relaxed);
+  ctx_.tight.store(constrained_ && largest < unit, std::memory_order_relaxed);
   const std::size_t page = page_granules(seg);
   const bool whole_spans = cap_granules(small) > page && !pages_only;
   const auto inner = [&](const GranuleRun& r) {  // the part of a run that may be one handle
@@ -513,9 +513,8 @@ std::vector<PlannedHandle> CachingAllocator::Impl::MappedHandles::plan(
 
 // Appends handles for `part` to `planned`: cut at the page rule's page boundaries, each piece
 // into handles of at most `piece` granules.
-void CachingAllocator::Impl::MappedHandles::cut(const Segment& seg, GranuleRun part,
-                                                std::size_t piece,
-                                                std::vector<PlannedHandle>& planned) const {
+void MappedHandles::cut(const Segment& seg, GranuleRun part, std::size_t piece,
+                        std::vector<PlannedHandle>& planned) const {
   const std::size_t page = page_granules(seg);
   for (std::size_t i = part.first; i < part.end;) {
     const std::size_t page_end = std::min(part.end, (i / page + 1) * page);
@@ -527,8 +526,8 @@ void CachingAllocator::Impl::MappedHandles::cut(const Segment& seg, GranuleRun p
 
 // The pool's handle size in granules: the least a growth with room maps (small_handle_size,
 // large_handle_size).
-std::size_t CachingAllocator::Impl::MappedHandles::unit_granules(bool small) const noexcept {
-  const std::size_t bytes = small ? a_.config_.small_handle_size : a_.config_.large_handle_size;
+std::size_t MappedHandles::unit_granules(bool small) const noexcept {
+  const std::size_t bytes = small ? ctx_.config.small_handle_size : ctx_.config.large_handle_size;
   return std::max<std::size_t>(1, round_up(bytes, g_) / g_);
 }
 
@@ -536,23 +535,25 @@ std::size_t CachingAllocator::Impl::MappedHandles::unit_granules(bool small) con
 // threshold the pool's handle size (memory goes back in those steps), else a page of the page
 // rule's grid (docs/design.md, "Why pages": larger handles inside blocks cost calls in later
 // passes, where blocks are cut differently).
-std::size_t CachingAllocator::Impl::MappedHandles::cap_granules(bool small) const noexcept {
-  if (a_.config_.max_handle_size != 0) {
-    return std::max<std::size_t>(1, round_up(a_.config_.max_handle_size, g_) / g_);
+std::size_t MappedHandles::cap_granules(bool small) const noexcept {
+  if (ctx_.config.max_handle_size != 0) {
+    return std::max<std::size_t>(1, round_up(ctx_.config.max_handle_size, g_) / g_);
   }
-  if (a_.config_.release_threshold != SIZE_MAX) return unit_granules(small);
+  if (ctx_.config.release_threshold != SIZE_MAX) return unit_granules(small);
   return page_of(small);
 }
 
 // What the device and the limit have left for new handles (cudaMemGetInfo's free memory, which
 // other processes' use lowers too).
-std::size_t CachingAllocator::Impl::MappedHandles::headroom() {
+std::size_t MappedHandles::headroom() {
   std::size_t room = SIZE_MAX;
-  if (a_.allowed_ != SIZE_MAX) {
-    room = a_.allowed_ > a_.reserved_bytes() ? a_.allowed_ - a_.reserved_bytes() : 0;
+  if (ctx_.reservation.allowed != SIZE_MAX) {
+    room = ctx_.reservation.allowed > ctx_.reservation.bytes()
+               ? ctx_.reservation.allowed - ctx_.reservation.bytes()
+               : 0;
   }
   MemoryInfo info;
-  if (a_.device_.memory_info(&info) == Status::ok) room = std::min(room, info.free);
+  if (ctx_.device.memory_info(&info) == Status::ok) room = std::min(room, info.free);
   return room;
 }
 
@@ -561,9 +562,9 @@ std::size_t CachingAllocator::Impl::MappedHandles::headroom() {
 // pool are unmapped first (never those under `keep`, the granules the request needs) - those of
 // a planned size to be mapped again here, the others released - and all of them once more if a
 // creation still fails. False, with every handle of this call released, when there is no room.
-bool CachingAllocator::Impl::MappedHandles::create(const std::vector<PlannedHandle>& planned,
-                                                   std::vector<std::uint32_t>& slots,
-                                                   StreamPool& pool, Keep keep, bool reclaim) {
+bool MappedHandles::create(const std::vector<PlannedHandle>& planned,
+                           std::vector<std::uint32_t>& slots, StreamPool& pool, Keep keep,
+                           bool reclaim) {
   std::size_t total = 0;
   std::vector<std::size_t> sizes;
   for (const PlannedHandle& p : planned) {
@@ -597,9 +598,9 @@ bool CachingAllocator::Impl::MappedHandles::create(const std::vector<PlannedHand
 }
 
 // create's loop: each planned handle from the handles this growth's reclaim kept, else created.
-bool CachingAllocator::Impl::MappedHandles::create_or_reuse(
-    const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots, StreamPool& pool,
-    Keep keep, bool reclaim) {
+bool MappedHandles::create_or_reuse(const std::vector<PlannedHandle>& planned,
+                                    std::vector<std::uint32_t>& slots, StreamPool& pool, Keep keep,
+                                    bool reclaim) {
   bool reclaimed_all = !reclaim;
   for (const PlannedHandle& p : planned) {
     if (const std::optional<std::uint32_t> spare = take_spare(p.granules)) {
@@ -610,12 +611,13 @@ bool CachingAllocator::Impl::MappedHandles::create_or_reuse(
     for (;;) {
       Status status = Status::out_of_memory;
       PhysicalHandle handle;
-      if (!a_.exceeds_limit(bytes)) status = a_.device_.create_physical(bytes, &handle);
+      if (!ctx_.reservation.exceeds_limit(bytes))
+        status = ctx_.device.create_physical(bytes, &handle);
       if (status == Status::ok) {
         slots.push_back(handles_.add(handle, p.granules));
-        a_.reserved_.fetch_add(bytes, std::memory_order_relaxed);
-        ++a_.num_handles_created_;
-        ++a_.num_device_alloc_;
+        ctx_.reservation.add(bytes);
+        ++ctx_.counters.handles_created;
+        ++ctx_.counters.device_alloc;
         break;
       }
       if (status == Status::out_of_memory && !spares_.empty()) {
@@ -626,14 +628,14 @@ bool CachingAllocator::Impl::MappedHandles::create_or_reuse(
         reclaimed_all = true;
         if (this->reclaim(&pool, SIZE_MAX, keep) != 0) continue;
       }
-      const std::string what = a_.device_.last_error();
+      const std::string what = ctx_.device.last_error();
       discard(slots);
       if (status == Status::out_of_memory || refused(status, DeviceOp::create_physical)) {
         return false;
       }
       throw DeviceError(
           to_string(DeviceOp::create_physical),
-          fmt::format("cistern: device {}: create_physical({}): {}: {}", a_.device_.index(),
+          fmt::format("cistern: device {}: create_physical({}): {}: {}", ctx_.device.index(),
                       format_bytes(bytes), to_string(status), what));
     }
   }
@@ -641,7 +643,7 @@ bool CachingAllocator::Impl::MappedHandles::create_or_reuse(
 }
 
 // Releases handles created by this call and never mapped.
-void CachingAllocator::Impl::MappedHandles::discard(const std::vector<std::uint32_t>& slots) {
+void MappedHandles::discard(const std::vector<std::uint32_t>& slots) {
   for (const std::uint32_t slot : slots) release_slot(slot);
 }
 
@@ -650,9 +652,9 @@ void CachingAllocator::Impl::MappedHandles::discard(const std::vector<std::uint3
 // growth of an expandable segment. On a failure the runs this call mapped are unmapped and every
 // handle it created is released; then a refusal of the engine at its first growth returns false
 // (refusal_ says why) and any other failure throws DeviceError.
-bool CachingAllocator::Impl::MappedHandles::map_planned(StreamPool& pool, Segment& seg,
-                                                        const std::vector<PlannedHandle>& planned,
-                                                        const std::vector<std::uint32_t>& slots) {
+bool MappedHandles::map_planned(StreamPool& pool, Segment& seg,
+                                const std::vector<PlannedHandle>& planned,
+                                const std::vector<std::uint32_t>& slots) {
   std::vector<PhysicalHandle> run;
   for (std::size_t i = 0; i < planned.size();) {
     std::size_t j = i + 1;
@@ -665,9 +667,9 @@ bool CachingAllocator::Impl::MappedHandles::map_planned(StreamPool& pool, Segmen
     const std::size_t start = planned[i].first;
     const std::size_t end = planned[j - 1].first + planned[j - 1].granules;
     const std::uintptr_t va = seg.base + start * g_;
-    const Status status = a_.device_.map_run(reinterpret_cast<void*>(va), run.data(), run.size());
+    const Status status = ctx_.device.map_run(reinterpret_cast<void*>(va), run.data(), run.size());
     if (status != Status::ok) {
-      const std::string what = a_.device_.last_error();
+      const std::string what = ctx_.device.last_error();
       // The runs mapped before this one were never handed out: nothing ran on them.
       const std::vector<std::uint32_t> placed(slots.begin(), slots.begin() + static_cast<long>(i));
       if (!placed.empty()) unmap_and_release(pool, seg, placed, Unmap::reclaim);
@@ -675,7 +677,7 @@ bool CachingAllocator::Impl::MappedHandles::map_planned(StreamPool& pool, Segmen
       if (refused(status, DeviceOp::map)) return false;
       throw DeviceError(to_string(DeviceOp::map),
                         fmt::format("cistern: device {}: map_run({:#x}, {} handles): {}: {}",
-                                    a_.device_.index(), va, run.size(), to_string(status), what));
+                                    ctx_.device.index(), va, run.size(), to_string(status), what));
     }
     for (std::size_t k = i; k < j; ++k) {
       handles_.place(slots[k], &seg, planned[k].first);
@@ -691,8 +693,8 @@ bool CachingAllocator::Impl::MappedHandles::map_planned(StreamPool& pool, Segmen
     seg.update_mapped_end();
     const std::size_t bytes = (end - start) * g_;
     pool.count_mapped(!seg.large, static_cast<std::int64_t>(bytes));
-    a_.num_pages_mapped_ += static_cast<std::int64_t>(end - start);
-    a_.record(HistoryEntry::Action::segment_map, va, bytes, pool.stream);
+    ctx_.counters.pages_mapped += static_cast<std::int64_t>(end - start);
+    ctx_.history.record(HistoryEntry::Action::segment_map, va, bytes, pool.stream);
     i = j;
   }
   return true;
@@ -702,9 +704,9 @@ bool CachingAllocator::Impl::MappedHandles::map_planned(StreamPool& pool, Segmen
 
 // Every handle lying entirely inside a cached free block, of any pool, except those over `keep`.
 // All pool locks held.
-std::vector<Victim> CachingAllocator::Impl::MappedHandles::free_handles(Keep keep) const {
+std::vector<Victim> MappedHandles::free_handles(Keep keep) const {
   std::vector<Victim> found;
-  const auto& pools = a_.pools_.all();
+  const auto& pools = ctx_.pools.all();
   for (std::size_t p = 0; p < pools.size(); ++p) {
     for (const Segment* seg = pools[p]->segments(); seg != nullptr; seg = seg->next) {
       if (!seg->expandable || seg->unmapped_pages == seg->pages.size()) continue;
@@ -732,10 +734,9 @@ std::vector<Victim> CachingAllocator::Impl::MappedHandles::free_handles(Keep kee
 // Unmaps and releases handles under cached free blocks until `want` bytes have gone back (all
 // of them for SIZE_MAX), never those over `keep`; returns the bytes released. `held`: the pool
 // whose lock the caller holds (nullptr: none).
-std::size_t CachingAllocator::Impl::MappedHandles::reclaim(const StreamPool* held, std::size_t want,
-                                                           Keep keep) {
-  AllPoolsLock locks(a_.pools_, held);
-  for (const auto& pool : a_.pools_.all()) {
+std::size_t MappedHandles::reclaim(const StreamPool* held, std::size_t want, Keep keep) {
+  AllPoolsLock locks(ctx_.pools, held);
+  for (const auto& pool : ctx_.pools.all()) {
     if (pool.get() != held) pool->flush_parked();  // the held pool's were flushed by its caller
   }
   return reclaim_locked(want, keep, nullptr);
@@ -747,9 +748,8 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim(const StreamPool* hel
 // stream's work waited for first (once); adjacent handles of one segment go in one unmap.
 // `failures`: where to count releases the device refused (their handles stay, unplaced, and count
 // as reserved until a later release succeeds); nullptr: not counted.
-std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t want, Keep keep,
-                                                                  std::size_t* failures,
-                                                                  Unmap why) {
+std::size_t MappedHandles::reclaim_locked(std::size_t want, Keep keep, std::size_t* failures,
+                                          Unmap why) {
   std::vector<Victim> victims = free_handles(keep);
   const auto bytes_of = [&](const Victim& v) { return handles_[v.slot].granules * g_; };
   if (want != SIZE_MAX) {
@@ -777,8 +777,8 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t wa
   std::size_t released = 0;
   const std::size_t failed_before = failed_releases_;
   for (std::size_t i = 0; i < victims.size();) {
-    StreamPool& pool = *a_.pools_.all()[victims[i].pool];
-    a_.wait_for_stream(pool.stream);
+    StreamPool& pool = *ctx_.pools.all()[victims[i].pool];
+    wait_for_stream(ctx_, pool.stream);
     std::size_t j = i;
     while (j < victims.size() && victims[j].pool == victims[i].pool) {
       Segment& seg = *handles_[victims[j].slot].segment;
@@ -792,7 +792,7 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t wa
     i = j;
   }
   if (failures != nullptr) *failures += failed_releases_ - failed_before;
-  a_.num_pages_reclaimed_ += static_cast<std::int64_t>(released / g_);
+  ctx_.counters.pages_reclaimed += static_cast<std::int64_t>(released / g_);
   return released;
 }
 
@@ -802,8 +802,8 @@ std::size_t CachingAllocator::Impl::MappedHandles::reclaim_locked(std::size_t wa
 // of an expandable segment - and releases them. Returns the bytes released; a release the device
 // refuses leaves its handle unplaced (still reserved) for a later try. An unmap that fails throws
 // DeviceError with that run still mapped.
-std::size_t CachingAllocator::Impl::MappedHandles::unmap_and_release(
-    StreamPool& pool, Segment& seg, const std::vector<std::uint32_t>& slots, Unmap why) {
+std::size_t MappedHandles::unmap_and_release(StreamPool& pool, Segment& seg,
+                                             const std::vector<std::uint32_t>& slots, Unmap why) {
   std::size_t released = 0;
   for (std::size_t i = 0; i < slots.size();) {
     std::size_t j = i + 1;
@@ -815,14 +815,15 @@ std::size_t CachingAllocator::Impl::MappedHandles::unmap_and_release(
     const std::size_t end = handles_[slots[j - 1]].first + handles_[slots[j - 1]].granules;
     const std::uintptr_t va = seg.base + start * g_;
     const std::size_t bytes = (end - start) * g_;
-    detail::check_device(a_.device_, a_.device_.unmap(reinterpret_cast<void*>(va), bytes),
-                         DeviceOp::unmap);
+    check_device(ctx_.device, ctx_.device.unmap(reinterpret_cast<void*>(va), bytes),
+                 DeviceOp::unmap);
     for (std::size_t p = start; p < end; ++p) seg.set_page(p, kNoPage);
     seg.unmapped_pages += end - start;
     seg.mapped_end = std::min(seg.mapped_end, va);
     pool.count_mapped(!seg.large, -static_cast<std::int64_t>(bytes));
-    a_.num_pages_unmapped_ += static_cast<std::int64_t>(end - start);
-    a_.record(HistoryEntry::Action::segment_unmap, va, bytes, pool.stream, why == Unmap::reclaim);
+    ctx_.counters.pages_unmapped += static_cast<std::int64_t>(end - start);
+    ctx_.history.record(HistoryEntry::Action::segment_unmap, va, bytes, pool.stream,
+                        why == Unmap::reclaim);
     for (std::size_t k = i; k < j; ++k) {
       seg.spans -= spans_pages(seg, handles_[slots[k]].first, handles_[slots[k]].granules) ? 1 : 0;
       handles_.unplace(slots[k]);
@@ -843,8 +844,7 @@ std::size_t CachingAllocator::Impl::MappedHandles::unmap_and_release(
 }
 
 // A handle of exactly `granules` kept by this growth's reclaim, or none.
-std::optional<std::uint32_t> CachingAllocator::Impl::MappedHandles::take_spare(
-    std::size_t granules) {
+std::optional<std::uint32_t> MappedHandles::take_spare(std::size_t granules) {
   for (auto it = spares_.begin(); it != spares_.end(); ++it) {
     if (handles_[*it].granules != granules) continue;
     const std::uint32_t slot = *it;
@@ -855,31 +855,31 @@ std::optional<std::uint32_t> CachingAllocator::Impl::MappedHandles::take_spare(
 }
 
 // Releases the handles this growth's reclaim kept and did not map again.
-void CachingAllocator::Impl::MappedHandles::release_spares() {
+void MappedHandles::release_spares() {
   for (const std::uint32_t slot : spares_) release_slot(slot);
   spares_.clear();
 }
 
 // Releases an unmapped handle; returns its bytes, or 0 when the device refused (the handle stays,
-// unplaced, and the reason is kept in last_release_error_).
-std::size_t CachingAllocator::Impl::MappedHandles::release_slot(std::uint32_t slot) {
+// unplaced, and the reason is kept in last_error_).
+std::size_t MappedHandles::release_slot(std::uint32_t slot) {
   const HandleSlot& h = handles_[slot];
   const std::size_t bytes = h.granules * g_;
-  const Status status = a_.device_.release_physical(h.handle);
+  const Status status = ctx_.device.release_physical(h.handle);
   if (status != Status::ok) {
-    a_.last_release_error_ = fmt::format("{}: {}", to_string(status), a_.device_.last_error());
+    last_error_ = fmt::format("{}: {}", to_string(status), ctx_.device.last_error());
     ++failed_releases_;
     return 0;
   }
   handles_.remove(slot);
-  a_.reserved_.fetch_sub(bytes, std::memory_order_relaxed);
-  ++a_.num_handles_released_;
-  ++a_.num_device_free_;
+  ctx_.reservation.sub(bytes);
+  ++ctx_.counters.handles_released;
+  ++ctx_.counters.device_free;
   return bytes;
 }
 
 // Retries the release of every handle whose release failed before; returns how many still fail.
-std::size_t CachingAllocator::Impl::MappedHandles::release_unplaced() {
+std::size_t MappedHandles::release_unplaced() {
   std::size_t failures = 0;
   for (std::uint32_t slot = 0; slot < handles_.slots().size(); ++slot) {
     const HandleSlot& h = handles_[slot];
@@ -891,13 +891,13 @@ std::size_t CachingAllocator::Impl::MappedHandles::release_unplaced() {
 // --- giving memory back -----------------------------------------------------------------------------------
 
 // Lock of `pool` held; `b` a whole free expandable segment. Unmaps and releases its handles (after
-// its stream's work) and releases the address range; false (kept, reason in last_release_error_)
-// on failure.
-bool CachingAllocator::Impl::MappedHandles::release_segment(StreamPool& pool, Block* b) {
+// its stream's work) and releases the address range; on a failure the segment stays. A handle
+// whose release the device refuses stays unplaced (still reserved) for release_rest to retry.
+Releases MappedHandles::release_segment(StreamPool& pool, Block* b) {
   Segment& seg = *b->segment;
   try {
     if (seg.unmapped_pages != seg.pages.size()) {
-      a_.wait_for_stream(pool.stream);
+      wait_for_stream(ctx_, pool.stream);
       std::vector<std::uint32_t> slots;
       for (std::size_t i = 0; i < seg.pages.size();) {
         if (seg.pages[i] == kNoPage) {
@@ -910,45 +910,47 @@ bool CachingAllocator::Impl::MappedHandles::release_segment(StreamPool& pool, Bl
       unmap_and_release(pool, seg, slots, Unmap::release);
     }
   } catch (const DeviceError& e) {
-    a_.last_release_error_ = e.what();
-    return false;
+    return Releases::failed(e.what());
   }
-  const Status status = a_.device_.release_reservation(reinterpret_cast<void*>(seg.base), seg.size);
+  const Status status =
+      ctx_.device.release_reservation(reinterpret_cast<void*>(seg.base), seg.size);
   if (status != Status::ok) {
-    a_.last_release_error_ = fmt::format("{}: {}", to_string(status), a_.device_.last_error());
-    return false;
+    return Releases::failed(fmt::format("{}: {}", to_string(status), ctx_.device.last_error()));
   }
   reserved_va_ -= seg.size;
   delete pool.remove_whole_segment(b, /*count_as_freed=*/true);
-  return true;
+  return {};
 }
 
 // All pool locks held (release_cache): every handle under a cached free block of the segments
 // that stay, then every handle left unplaced by an earlier failed release.
-std::size_t CachingAllocator::Impl::MappedHandles::release_rest(bool asked) {
-  std::size_t failures = 0;
+Releases MappedHandles::release_rest(bool asked) {
+  Releases result;
   try {
-    reclaim_locked(SIZE_MAX, Keep{}, &failures, asked ? Unmap::release : Unmap::reclaim);
+    reclaim_locked(SIZE_MAX, Keep{}, nullptr, asked ? Unmap::release : Unmap::reclaim);
   } catch (const DeviceError& e) {
-    a_.last_release_error_ = e.what();
-    ++failures;
+    last_error_ = e.what();
+    ++result.failures;
   }
-  return failures + release_unplaced();
+  // A release the device refused left its handle unplaced: counted once, if the retry fails too.
+  result.failures += release_unplaced();
+  if (!result.ok()) result.last_error = last_error_;
+  return result;
 }
 
 // Global lock held, no pool lock. With a release threshold: when the memory held under cached free
 // blocks may exceed it, give handles back until it does not.
-void CachingAllocator::Impl::MappedHandles::trim() {
+void MappedHandles::trim() {
   std::size_t allocated = 0;
-  for (const auto& pool : a_.pools_.all()) {
+  for (const auto& pool : ctx_.pools.all()) {
     allocated += static_cast<std::size_t>(pool->allocated_bytes_relaxed());
   }
   // Unused memory is at most reserved - allocated: under the threshold, nothing to look at.
-  const std::size_t threshold = a_.config_.release_threshold;
-  if (a_.reserved_bytes() <= allocated + threshold) return;
+  const std::size_t threshold = ctx_.config.release_threshold;
+  if (ctx_.reservation.bytes() <= allocated + threshold) return;
   release_unplaced();
-  AllPoolsLock locks(a_.pools_, nullptr);
-  for (const auto& pool : a_.pools_.all()) pool->flush_parked();
+  AllPoolsLock locks(ctx_.pools, nullptr);
+  for (const auto& pool : ctx_.pools.all()) pool->flush_parked();
   std::size_t unused = 0;
   for (const Victim& v : free_handles(Keep{})) unused += handles_[v.slot].granules * g_;
   if (unused <= threshold) return;
@@ -959,7 +961,7 @@ void CachingAllocator::Impl::MappedHandles::trim() {
 
 // The page rule (Note [The page rule]): a handle reaching over several pages lies inside one block
 // that is not free, or under free blocks only; spans counts them.
-void CachingAllocator::Impl::MappedHandles::check_page_rule(const Segment& s) const {
+void MappedHandles::check_page_rule(const Segment& s) const {
   std::size_t spans = 0;
   for (std::size_t i = 0; i < s.pages.size();) {
     if (s.pages[i] == kNoPage) {
@@ -994,8 +996,7 @@ void CachingAllocator::Impl::MappedHandles::check_page_rule(const Segment& s) co
 // live handle placed in its segment over it, and a handle's granules all name it; handles are
 // multiples of the granularity; the reserved counter is the handles held, the address-space
 // counter the segments.
-void CachingAllocator::Impl::MappedHandles::check(
-    const std::vector<const Segment*>& segments) const {
+void MappedHandles::check(const std::vector<const Segment*>& segments) const {
   const auto fail = [](const std::string& what) {
     throw InvariantViolation("cistern::check: virtual-memory engine: " + what);
   };
@@ -1059,10 +1060,9 @@ void CachingAllocator::Impl::MappedHandles::check(
     for (const Block* b = s->head; b != nullptr; b = b->next) {
       if (b->is_free()) continue;
       if (!s->pages_mapped(b->addr, b->addr + b->size)) {
-        fail(fmt::format(
-            "the {} block {:#x} lies on an unmapped granule",
-            b->state == detail::BlockState::allocated ? "allocated" : "pending or parked",
-            b->addr));
+        fail(fmt::format("the {} block {:#x} lies on an unmapped granule",
+                         b->state == BlockState::allocated ? "allocated" : "pending or parked",
+                         b->addr));
       }
     }
   }
@@ -1079,9 +1079,10 @@ void CachingAllocator::Impl::MappedHandles::check(
   if (placed_live != placed) {
     fail(fmt::format("{} handles are placed but the segments show {}", placed_live, placed));
   }
-  if (held != a_.reserved_bytes()) {
-    fail(fmt::format("reserved counter {} but the handles hold {}", a_.reserved_bytes(), held));
+  if (held != ctx_.reservation.bytes()) {
+    fail(
+        fmt::format("reserved counter {} but the handles hold {}", ctx_.reservation.bytes(), held));
   }
 }
 
-}  // namespace cistern
+}  // namespace cistern::detail
