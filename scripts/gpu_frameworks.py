@@ -22,6 +22,14 @@ goes on. Per row: the out-of-memory steps, peak reserved, peak allocated, median
 and, under cistern, whether torch.cuda's own statistics calls (memory_allocated,
 max_memory_allocated, memory_reserved, max_memory_reserved, memory_stats, memory_summary) give
 cistern's figures, as enable() has them do (the report counts the runs that agree).
+CUDA graphs (native and cistern's defaults, the second row of each): a step captured with
+torch.cuda.graph and replayed four times with new inputs, each output checked against the same
+step run eagerly, and again after tensors allocated outside the graph (which must not share its
+memory, and are checked unchanged); then a small model under torch.compile(mode="reduce-overhead")
+(cudagraph trees, PyTorch's default) and with torch._inductor.config.triton.cudagraph_trees off
+(one torch.cuda.graph per compiled function), outputs checked against the eager model. Under a
+pluggable allocator PyTorch's cudagraph trees ask the allocator for checkpoints
+(getCheckpointState), which CUDAPluggableAllocator refuses: the row records the error it raises.
 The fragmentation case, under a 4 GiB cap: a 3000 MiB tensor is allocated and freed (the cache
 holds it), thirty 100 MiB tensors are allocated, every other one is freed (1.5 GiB free as
 fifteen 100 MiB holes between live tensors), then 1.5 GiB is asked for: served or out of
@@ -66,6 +74,8 @@ CUPY_ALLOCATORS = ("cupy", "cistern", "cistern-classic")
 FRAGMENTATION = "fragmentation"
 UNCAPPED = "uncapped"
 MEMPOOL = "mempool"
+GRAPHS = "graphs"
+GRAPHS_TIMEOUT = 180  # two torch.compile runs
 OOM_CHECK = "oom"
 OOM_CHECK_CAP = GiB  # the cap of the out-of-memory check: 256 MiB held, 2 GiB asked for
 
@@ -96,9 +106,14 @@ def row_factor(row):
 
 def planned_rows(framework, allocator):
     """The rows of one allocator's process, in the order they run: the fragmentation case first
-    (on a fresh process), for PyTorch the out-of-memory check, uncapped (the base of the caps),
-    the caps from loose to tight, and for PyTorch's native allocator the MemPool check last."""
-    rows = [FRAGMENTATION] + ([OOM_CHECK] if framework == "torch" else []) + [UNCAPPED]
+    (on a fresh process), for PyTorch the out-of-memory check,
+    for PyTorch's native allocator and cistern's defaults the CUDA graph check, uncapped (the base
+    of the caps), the caps from loose to tight, and for PyTorch's native allocator the MemPool
+    check last."""
+    rows = [FRAGMENTATION] + ([OOM_CHECK] if framework == "torch" else [])
+    if framework == "torch" and allocator in ("native", "cistern"):
+        rows.append(GRAPHS)
+    rows.append(UNCAPPED)
     rows += [cap_row(f) for f in sorted(CAP_FACTORS, reverse=True)]
     if framework == "torch" and allocator == "native":
         rows.append(MEMPOOL)
@@ -252,7 +267,7 @@ def training_table(results, framework, allocators, title):
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for allocator in allocators:
         for row in planned_rows(framework, allocator):
-            if row in (FRAGMENTATION, MEMPOOL, OOM_CHECK):
+            if row in (FRAGMENTATION, MEMPOOL, OOM_CHECK, GRAPHS):
                 continue
             r = results.get((framework, allocator, row))
             if r is None:
@@ -320,6 +335,24 @@ def oom_table(results):
     return lines
 
 
+def graphs_table(results):
+    lines = ["### CUDA graphs: torch.cuda.graph replayed with new inputs, torch.compile("
+             "mode=\"reduce-overhead\") with and without cudagraph trees", "",
+             "| allocator | torch.cuda.graph replays | graph pool MiB | after the graph | "
+             "reduce-overhead | without cudagraph trees |", "|---|---|---:|---|---|---|"]
+    for (framework, allocator, row), r in _rows_named(results, GRAPHS):
+        if r.get("status") not in ("ok", "error") or "graph" not in r:
+            lines.append("| %s | %s | - | - | - | %s |" % (
+                r.get("label", allocator), r.get("status"), _cell(r.get("detail", ""))[:200]))
+            continue
+        pool = r.get("graph_pool_bytes")
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            r.get("label", allocator), _cell(r.get("graph")),
+            "-" if pool is None else "%.1f" % (pool / MiB), _cell(r.get("after_graph", "-")),
+            _cell(r.get("compile", "-"))[:200], _cell(r.get("compile_no_trees", "-"))[:200]))
+    return lines
+
+
 def summary_table(results, framework, allocators):
     lines = ["| allocator | tightest cap with 0 OOM steps | uncapped median step ms | uncapped "
              "final loss |", "|---|---:|---:|---:|"]
@@ -376,6 +409,8 @@ def markdown(meta, events):
         lines += [""] + oom_table(results)
     if any(row == FRAGMENTATION for (_, _, row) in results):
         lines += [""] + fragmentation_table(results)
+    if any(row == GRAPHS for (_, _, row) in results):
+        lines += [""] + graphs_table(results)
     lines += torch_api_lines(results)
     mempool = results.get(("torch", "native", MEMPOOL))
     if mempool:
@@ -478,6 +513,8 @@ class Orchestrator:
                             current, progress = None, time.monotonic()
                 seen = len(events)
                 limit = self.row_timeout if current else startup_timeout
+                if current == GRAPHS:
+                    limit = max(limit, GRAPHS_TIMEOUT)
                 now = time.monotonic()
                 if now - progress > limit:
                     killed = ("timeout: %s ran past %d s" % (
@@ -708,6 +745,35 @@ def _gpt(torch, vocab, width, heads, layers):
     return GPT()
 
 
+def _reduce_overhead(torch, trees):
+    """torch.compile(mode="reduce-overhead") on a small model, with cudagraph trees (PyTorch's
+    default) or without (one torch.cuda.graph per compiled function): "correct (N calls)", "wrong
+    outputs ..." or the error it raised."""
+    import torch._inductor.config as inductor
+    saved = inductor.triton.cudagraph_trees
+    inductor.triton.cudagraph_trees = trees
+    try:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                                    torch.nn.Linear(512, 256)).cuda().eval()
+        compiled = torch.compile(model, mode="reduce-overhead")
+        wrong = []
+        with torch.no_grad():
+            for i in range(6):  # warm-up, recording, then replays
+                x = torch.randn(32, 256, device="cuda")
+                out = compiled(x).clone()  # the next replay overwrites the graph's output
+                if not torch.allclose(out, model(x), rtol=1e-3, atol=1e-3):
+                    wrong.append(i)
+        torch.cuda.synchronize()
+        return "correct (6 calls)" if not wrong else "wrong outputs at calls %s" % wrong
+    except Exception as error:
+        return "%s: %s" % (type(error).__name__, str(error).strip().split("\n")[0][:300])
+    finally:
+        inductor.triton.cudagraph_trees = saved
+        torch._dynamo.reset()
+
+
 def torch_worker(args):
     import torch
     if not torch.cuda.is_available():
@@ -857,7 +923,58 @@ def torch_worker(args):
         memory.reset()
         return result
 
-    handlers = {FRAGMENTATION: fragmentation, MEMPOOL: mempool, OOM_CHECK: oom_check}
+    def graphs(row):
+        memory.reset()
+        result = {}
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(1024, 1024).cuda()
+        step = lambda x: torch.relu(layer(x)) * 2.0 + 1.0  # noqa: E731
+        static_in = torch.randn(64, 1024, device="cuda")
+        side = torch.cuda.Stream()  # warm-up on a side stream, as PyTorch's documentation does
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step(static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        before = memory.stats()["reserved"]
+        with torch.no_grad():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = step(static_in)
+            torch.cuda.synchronize()
+            result["graph_pool_bytes"] = memory.stats()["reserved"] - before
+            wrong = []
+            for i in range(4):
+                x = torch.randn(64, 1024, device="cuda")
+                static_in.copy_(x)
+                graph.replay()
+                if not torch.allclose(static_out, step(x), rtol=1e-3, atol=1e-3):
+                    wrong.append(i)
+            # Tensors allocated now must not share the graph's memory: a replay would change them.
+            outside = [torch.full((64, 1024), 7.0, device="cuda") for _ in range(16)]
+            x = torch.randn(64, 1024, device="cuda")
+            static_in.copy_(x)
+            graph.replay()
+            torch.cuda.synchronize()
+            same = torch.allclose(static_out, step(x), rtol=1e-3, atol=1e-3)
+            untouched = all(bool((t == 7.0).all()) for t in outside)
+        result["graph"] = ("4 of 4 correct" if not wrong else
+                           "wrong outputs at replays %s" % wrong)
+        result["after_graph"] = "%s output, %s tensors outside" % (
+            "correct" if same else "wrong", "unchanged" if untouched else "CHANGED")
+        del graph, static_out, outside
+        result["compile"] = _reduce_overhead(torch, trees=True)
+        result["compile_no_trees"] = _reduce_overhead(torch, trees=False)
+        if wrong or not same or not untouched or "wrong" in result["compile_no_trees"]:
+            result["status"] = "error"
+            result["detail"] = "; ".join(result[k] for k in ("graph", "after_graph",
+                                                              "compile_no_trees"))
+        memory.reset()
+        return result
+
+    handlers = {FRAGMENTATION: fragmentation, MEMPOOL: mempool, OOM_CHECK: oom_check,
+                GRAPHS: graphs}
     return worker.run(args.rows.split(","), lambda row: handlers.get(row, train)(row))
 
 

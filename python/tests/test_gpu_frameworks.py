@@ -46,11 +46,14 @@ class Plan(unittest.TestCase):
 
     def test_rows_run_fragmentation_first_then_uncapped_then_caps_loose_to_tight(self):
         self.assertEqual(gf.planned_rows("torch", "native"),
-                         ["fragmentation", "oom", "uncapped", "cap1.20", "cap1.05", "cap1.02",
-                          "cap1.01", "cap1.00", "mempool"])
+                         ["fragmentation", "oom", "graphs", "uncapped", "cap1.20", "cap1.05",
+                          "cap1.02", "cap1.01", "cap1.00", "mempool"])
         self.assertEqual(gf.planned_rows("torch", "cistern")[-1], "cap1.00")
+        self.assertEqual(gf.planned_rows("torch", "cistern")[2], "graphs")
+        self.assertNotIn("graphs", gf.planned_rows("torch", "cistern-classic"))
         self.assertEqual(gf.planned_rows("cupy", "cupy"),
-                         [r for r in gf.planned_rows("torch", "cistern") if r != "oom"])
+                         [r for r in gf.planned_rows("torch", "cistern")
+                          if r not in ("oom", "graphs")])
         self.assertEqual(gf.row_factor("cap1.02"), 1.02)
         self.assertIsNone(gf.row_factor("uncapped"))
         self.assertEqual([gf.row_factor(gf.cap_row(f)) for f in gf.CAP_FACTORS],
@@ -111,8 +114,8 @@ class RowsFile(unittest.TestCase):
         self.assertEqual(gf.row_in_progress(events, "torch", "native"), "cap1.20")
         self.assertIsNone(gf.row_in_progress(events, "torch", "cistern"))
         self.assertEqual(gf.remaining_rows("torch", "native", events),
-                         ["oom", "cap1.20", "cap1.05", "cap1.02", "cap1.01", "cap1.00",
-                          "mempool"])
+                         ["oom", "graphs", "cap1.20", "cap1.05", "cap1.02", "cap1.01",
+                          "cap1.00", "mempool"])
         self.assertEqual(gf.base_peak(events, "torch", "cistern"),
                          (5 * GiB, "native uncapped peak allocated"))
         # Without a native figure, an allocator's caps follow its own uncapped run.
@@ -252,7 +255,7 @@ class OrchestratorWithAStandInWorker(unittest.TestCase):
         self.assertEqual(results[("cistern-classic", "cap1.02")]["status"], "ok")
         self.assertEqual(results[("cistern-classic", "cap1.00")]["label"], "cistern vmm:False")
         self.assertTrue(o.failed)
-        self.assertEqual(len(results), 9 + 3 * 8)
+        self.assertEqual(len(results), 10 + 9 + 2 * 8)  # native and cistern: the graphs row
         self.assertLess(time.monotonic() - started, 40)
         o.report()
         with open(os.path.join(self.folder.name, "frameworks.md")) as f:
