@@ -27,6 +27,11 @@ struct HistoryEntry {
     segment_unmap,   ///< pages unmapped from an expandable segment
   };
   Action action = Action::alloc;
+  /// The call stack of the allocation the entry concerns (alloc, free_requested, free_completed:
+  /// the allocation's, as PyTorch records them), an id into the `StackTable` that travels with the
+  /// history (`DeviceRecord::stacks`, cistern/stacks.hpp); 0: none recorded. The allocator itself
+  /// records none: the plug-in and the replay fill it in.
+  std::uint32_t stack = 0;
   std::uintptr_t addr = 0;
   std::size_t size = 0;
   Stream stream;

@@ -15,18 +15,21 @@
 // * `segments`: per segment `device`, `address`, `total_size`, `allocated_size`, `active_size`,
 //   `requested_size`, `stream`, `segment_type` ("large"/"small"), `segment_pool_id` ((0, 0)),
 //   `is_expandable`, `frames` ([]), and `blocks`: `address`, `size`, `requested_size`, `state`
-//   ("active_allocated", "active_pending_free", "inactive"), `frames` ([]).
+//   ("active_allocated", "active_pending_free", "inactive"), `frames` (an allocated block's: those
+//   of the history's last alloc at its address, [] when none).
 // * `device_traces`: one list per device up to the highest device written, each the recorded
-//   history: `action`, `addr`, `size`, `stream`, `time_us`, `frames` ([]), `compile_context`
-//   ("N/A"); an `oom` entry carries `device_free` instead of `addr`.
+//   history: `action`, `addr`, `size`, `stream`, `time_us`, `frames` (the entry's stack from
+//   `DeviceRecord::stacks`, innermost first, each {filename, line, name}; [] for stack 0),
+//   `compile_context` ("N/A"); an `oom` entry carries `device_free` instead of `addr`.
 // * `allocator_settings`: `PYTORCH_CUDA_ALLOC_CONF` (cistern's configuration string),
 //   `max_split_size` (-1: unlimited), `garbage_collection_threshold`, `expandable_segments`,
 //   `release_lock_on_cudamalloc`, `roundup_power2_divisions` (a dict keyed "1", "2", ...,
 //   "32768": MiB interval starts).
 // * `external_annotations`: [].
 //
-// No stack frames are recorded (cistern does not unwind): the viewer shows blocks without
-// stacks.
+// The allocator records no stack frames (it does not unwind): `HistoryEntry::stack` is filled in
+// by whoever knows the caller's stack - the plug-in from Python (cistern.torch.record_history(
+// stacks="python")), a replay from its trace's frames - and the viewer shows them per block.
 #pragma once
 
 #include <string>
@@ -35,6 +38,7 @@
 #include "cistern/caching_allocator.hpp"
 #include "cistern/config.hpp"
 #include "cistern/history.hpp"
+#include "cistern/stacks.hpp"
 #include "cistern/stats.hpp"
 
 namespace cistern {
@@ -44,6 +48,7 @@ struct DeviceRecord {
   int device = 0;                     ///< the device ordinal (index into device_traces)
   Snapshot snapshot;                  ///< segments and blocks (each segment's own `device` is kept)
   std::vector<HistoryEntry> history;  ///< oldest first; empty when none was recorded
+  StackTable stacks;                  ///< the stacks `history`'s entries name (HistoryEntry::stack)
 };
 
 /// The snapshot of several devices (one allocator each) as the bytes of a PyTorch pickle.

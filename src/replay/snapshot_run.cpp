@@ -158,13 +158,15 @@ class RecordingHooks final : public detail::LoopHooks {
       recorder_.stream = streams_[e.stream];
     }
   }
-  void allocated(std::size_t, const detail::Step& step, void* ptr, Stream stream) override {
+  void allocated(std::size_t event, const detail::Step& step, void* ptr, Stream stream) override {
     recorder_.add(Action::alloc, reinterpret_cast<std::uintptr_t>(ptr), step.size, stream);
     sizes_[step.slot] = step.size;
+    if (!trace_.alloc_stacks.empty()) alloc_stacks_.push_back(trace_.stack_of(id_of(event)));
   }
-  void out_of_memory(std::size_t, const detail::Step&, const OutOfMemory& e,
+  void out_of_memory(std::size_t event, const detail::Step&, const OutOfMemory& e,
                      Stream stream) override {
     recorder_.add(Action::oom, e.info().device_free, e.info().rounded, stream);
+    (void)id_of(event);  // keeps the count of the start's allocations
   }
   bool freeing(std::size_t, const detail::Step& step, void* ptr, Stream stream) override {
     const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
@@ -173,12 +175,47 @@ class RecordingHooks final : public detail::LoopHooks {
     return true;
   }
 
+  /// The trace's stack of each alloc entry the run made, in order (empty: the trace has none).
+  const std::vector<std::uint32_t>& alloc_stacks() const noexcept { return alloc_stacks_; }
+
  private:
+  /// The allocation id of an allocation at `event` (the start's, kAtStart, in live_before order).
+  std::uint64_t id_of(std::size_t event) {
+    if (event != detail::kAtStart) return trace_.events[event].id;
+    const std::size_t index = started_++;
+    return index < trace_.live_before.size() ? trace_.live_before[index].id : 0;
+  }
+
   const trace::Trace& trace_;
   Recorder& recorder_;
   std::vector<std::uint64_t> sizes_;  // requested size by slot
   std::vector<Stream> streams_;       // the replay's stream of each trace stream
+  std::vector<std::uint32_t> alloc_stacks_;
+  std::size_t started_ = 0;  // allocations of the start so far
 };
+
+/// Gives the history's entries the trace's stacks: the n-th alloc entry is the n-th successful
+/// allocation (`stacks`, one per alloc entry), and a free carries the stack of the allocation
+/// it frees, as PyTorch's do. Left without stacks if the counts disagree.
+void attach_stacks(DeviceRecord& record, const trace::Trace& trace,
+                   const std::vector<std::uint32_t>& stacks) {
+  std::size_t allocs = 0;
+  for (const HistoryEntry& entry : record.history) allocs += entry.action == Action::alloc;
+  if (trace.alloc_stacks.empty() || allocs != stacks.size()) return;
+  record.stacks = trace.stacks;
+  std::unordered_map<std::uintptr_t, std::uint32_t> live;  // address -> its allocation's stack
+  std::size_t next = 0;
+  for (HistoryEntry& entry : record.history) {
+    if (entry.action == Action::alloc) {
+      entry.stack = stacks[next++];
+      live[entry.addr] = entry.stack;
+    } else if (entry.action == Action::free_requested || entry.action == Action::free_completed) {
+      const auto found = live.find(entry.addr);
+      if (found != live.end()) entry.stack = found->second;
+      if (found != live.end() && entry.action == Action::free_completed) live.erase(found);
+    }
+  }
+}
 
 }  // namespace
 
@@ -218,6 +255,7 @@ RecordedRun record_run(const trace::Trace& trace, const Policy& policy, const Op
   out.record.device = trace.device;
   out.record.snapshot = allocator.snapshot();
   if (own != nullptr) out.record.history = own->history();
+  attach_stacks(out.record, trace, hooks.alloc_stacks());
   // The snapshot is the state after the last event: the segments the allocator returns when it
   // is destroyed below must not reach the history (`out` is the returned object itself).
   recorder.history = nullptr;

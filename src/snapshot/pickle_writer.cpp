@@ -30,6 +30,10 @@ constexpr char kAppends = 'e';
 constexpr char kTuple = 't';
 constexpr char kEmptyDict = '}';
 constexpr char kSetItems = 'u';
+constexpr char kBinPut = 'q';      // 1-byte memo key
+constexpr char kLongBinPut = 'r';  // 4-byte memo key, little-endian
+constexpr char kBinGet = 'h';
+constexpr char kLongBinGet = 'j';
 
 }  // namespace
 
@@ -141,6 +145,17 @@ void PickleWriter::begin_tuple() { begin(Open::tuple, kMark); }
 void PickleWriter::end_tuple() { end(Open::tuple, kTuple); }
 void PickleWriter::begin_dict() { begin(Open::dict, kEmptyDict); }
 void PickleWriter::end_dict() { end(Open::dict, kSetItems); }
+
+void PickleWriter::memo_put(std::uint32_t key) {
+  out_ += key <= 0xffU ? kBinPut : kLongBinPut;
+  put_uint(key, key <= 0xffU ? 1 : 4);
+}
+
+void PickleWriter::memo_get(std::uint32_t key) {
+  out_ += key <= 0xffU ? kBinGet : kLongBinGet;
+  put_uint(key, key <= 0xffU ? 1 : 4);
+  value_written();
+}
 
 std::string PickleWriter::finish() {
   if (!open_.empty()) throw std::logic_error("PickleWriter: finish with open containers");

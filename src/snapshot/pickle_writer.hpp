@@ -2,8 +2,10 @@
 //
 // PickleWriter: writes plain data (None, bools, ints, floats, strings, lists, tuples, dicts) as a
 // Python pickle of protocol 2, which `pickle.load` reads in every Python 3 and which cistern's own
-// data-only reader (src/trace/pickle.hpp) accepts. Only data opcodes are written: never a global,
-// a call or a memo reference, so the output is exactly as safe to load as the values it holds.
+// data-only reader (src/trace/pickle.hpp) accepts. Only data opcodes are written: never a global
+// or a call, so the output is exactly as safe to load as the values it holds. A value written
+// many times (a call stack shared by thousands of events) can be stored in the pickle's memo once
+// and referred to after (`memo_put`, `memo_get`), as Python's pickler does for shared objects.
 //
 // Values are written in order, containers bracketed by begin/end calls:
 //
@@ -46,6 +48,13 @@ class PickleWriter {
   void end_tuple();
   void begin_dict();
   void end_dict();
+
+  /// Stores the value just written (the last complete one) in the memo under `key`
+  /// (BINPUT / LONG_BINPUT); writes nothing that counts as a value.
+  void memo_put(std::uint32_t key);
+  /// Writes the value stored under `key` again, as a reference to the same object (BINGET /
+  /// LONG_BINGET). The key must have been stored earlier in this pickle.
+  void memo_get(std::uint32_t key);
 
   /// Writes STOP and returns the pickle. The writer is empty afterwards.
   std::string finish();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <unordered_map>
 
 #include "cistern/errors.hpp"
 #include "snapshot/file_output.hpp"
@@ -24,7 +25,79 @@ void empty_list(PickleWriter& w, const char* name) {
   w.end_list();
 }
 
-void write_block(PickleWriter& w, const BlockInfo& block) {
+/// Writes `frames` lists from one device's stack table. Each stack, and each frame, is written in
+/// full once and stored in the pickle's memo; later uses refer to it (PyTorch's pickles share
+/// them the same way), so the file grows with the distinct stacks, not with the events.
+class StackWriter {
+ public:
+  StackWriter(const StackTable& stacks, std::uint32_t& next_key)
+      : stacks_(stacks), next_key_(next_key) {}
+
+  /// The key "frames" and the list of `stack`'s frames, innermost first ({filename, line, name}).
+  void write(PickleWriter& w, std::uint32_t stack) {
+    key(w, "frames");
+    if (stack == 0) return empty_list_value(w);
+    const auto [it, added] = stack_keys_.emplace(stack, next_key_);
+    if (!added) return w.memo_get(it->second);
+    ++next_key_;
+    w.begin_list();
+    for (const std::uint32_t id : stacks_.stack(stack)) write_frame(w, id);
+    w.end_list();
+    w.memo_put(it->second);
+  }
+
+ private:
+  static void empty_list_value(PickleWriter& w) {
+    w.begin_list();
+    w.end_list();
+  }
+  void write_frame(PickleWriter& w, std::uint32_t id) {
+    const auto [it, added] = frame_keys_.emplace(id, next_key_);
+    if (!added) return w.memo_get(it->second);
+    ++next_key_;
+    const StackFrame& frame = stacks_.frame(id);
+    w.begin_dict();
+    key(w, "filename");
+    w.string(frame.filename);
+    key(w, "line");
+    w.integer(frame.line);
+    key(w, "name");
+    w.string(frame.name);
+    w.end_dict();
+    w.memo_put(it->second);
+  }
+
+  const StackTable& stacks_;
+  std::uint32_t& next_key_;  ///< shared by every device's writer: keys are the pickle's
+  std::unordered_map<std::uint32_t, std::uint32_t> stack_keys_;  ///< stack id -> memo key
+  std::unordered_map<std::uint32_t, std::uint32_t> frame_keys_;  ///< frame id -> memo key
+};
+
+/// The stack of each allocated block: that of the last alloc at its address in the history.
+using BlockStacks = std::unordered_map<std::uintptr_t, std::uint32_t>;
+
+BlockStacks block_stacks(const DeviceRecord& record) {
+  BlockStacks stacks;
+  if (record.stacks.size() == 1) return stacks;  // no frames at all
+  for (const HistoryEntry& entry : record.history) {
+    if (entry.action == HistoryEntry::Action::alloc) stacks[entry.addr] = entry.stack;
+  }
+  return stacks;
+}
+
+/// Where `write_segment` finds a block's frames.
+struct SegmentFrames {
+  StackWriter& stacks;
+  const BlockStacks& blocks;
+
+  std::uint32_t of(const BlockInfo& block) const {
+    if (block.state == BlockState::inactive) return 0;
+    const auto found = blocks.find(block.address);
+    return found == blocks.end() ? 0 : found->second;
+  }
+};
+
+void write_block(PickleWriter& w, const BlockInfo& block, const SegmentFrames& frames) {
   w.begin_dict();
   key(w, "address");
   w.unsigned_integer(block.address);
@@ -34,11 +107,11 @@ void write_block(PickleWriter& w, const BlockInfo& block) {
   w.unsigned_integer(block.requested_size);
   key(w, "state");
   w.string(to_string(block.state));
-  empty_list(w, "frames");
+  frames.stacks.write(w, frames.of(block));
   w.end_dict();
 }
 
-void write_segment(PickleWriter& w, const SegmentInfo& segment) {
+void write_segment(PickleWriter& w, const SegmentInfo& segment, const SegmentFrames& frames) {
   w.begin_dict();
   key(w, "device");
   w.integer(segment.device);
@@ -66,29 +139,28 @@ void write_segment(PickleWriter& w, const SegmentInfo& segment) {
   empty_list(w, "frames");
   key(w, "blocks");
   w.begin_list();
-  for (const BlockInfo& block : segment.blocks) write_block(w, block);
+  for (const BlockInfo& block : segment.blocks) write_block(w, block, frames);
   w.end_list();
   w.end_dict();
 }
 
-/// An entry's `frames`: none, or for a reclaim's unmap the frame that says so.
-void write_frames(PickleWriter& w, const HistoryEntry& entry) {
+/// An entry's `frames`: its stack's, or for a reclaim's unmap the frame that says so.
+void write_frames(PickleWriter& w, const HistoryEntry& entry, StackWriter& stacks) {
+  if (!entry.reclaim) return stacks.write(w, entry.stack);
   key(w, "frames");
   w.begin_list();
-  if (entry.reclaim) {
-    w.begin_dict();
-    key(w, "filename");
-    w.string("cistern");
-    key(w, "line");
-    w.integer(0);
-    key(w, "name");
-    w.string(kReclaimFrame);
-    w.end_dict();
-  }
+  w.begin_dict();
+  key(w, "filename");
+  w.string("cistern");
+  key(w, "line");
+  w.integer(0);
+  key(w, "name");
+  w.string(kReclaimFrame);
+  w.end_dict();
   w.end_list();
 }
 
-void write_entry(PickleWriter& w, const HistoryEntry& entry) {
+void write_entry(PickleWriter& w, const HistoryEntry& entry, StackWriter& stacks) {
   w.begin_dict();
   key(w, "action");
   w.string(to_string(entry.action));
@@ -101,22 +173,23 @@ void write_entry(PickleWriter& w, const HistoryEntry& entry) {
   w.unsigned_integer(entry.stream.handle);
   key(w, "time_us");
   w.unsigned_integer(entry.time_us);
-  write_frames(w, entry);
+  write_frames(w, entry, stacks);
   key(w, "compile_context");
   w.string("N/A");
   w.end_dict();
 }
 
 /// `device_traces`: one list per device 0..max, empty for devices not written.
-void write_traces(PickleWriter& w, const std::vector<DeviceRecord>& devices) {
+void write_traces(PickleWriter& w, const std::vector<DeviceRecord>& devices,
+                  std::vector<StackWriter>& stacks) {
   int last = -1;
   for (const DeviceRecord& d : devices) last = std::max(last, d.device);
   w.begin_list();
   for (int device = 0; device <= last; ++device) {
     w.begin_list();
-    for (const DeviceRecord& d : devices) {
-      if (d.device != device) continue;
-      for (const HistoryEntry& entry : d.history) write_entry(w, entry);
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      if (devices[i].device != device) continue;
+      for (const HistoryEntry& entry : devices[i].history) write_entry(w, entry, stacks[i]);
     }
     w.end_list();
   }
@@ -157,16 +230,24 @@ std::string pytorch_snapshot_pickle(const std::vector<DeviceRecord>& devices,
   for (const DeviceRecord& d : devices) {
     if (d.device < 0) throw InvalidArgument("pytorch_snapshot_pickle: negative device ordinal");
   }
+  std::uint32_t memo_keys = 0;
+  std::vector<StackWriter> stacks;
+  stacks.reserve(devices.size());
+  for (const DeviceRecord& d : devices) stacks.emplace_back(d.stacks, memo_keys);
   PickleWriter w;
   w.begin_dict();
   key(w, "segments");
   w.begin_list();
-  for (const DeviceRecord& d : devices) {
-    for (const SegmentInfo& segment : d.snapshot.segments) write_segment(w, segment);
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const BlockStacks blocks = block_stacks(devices[i]);
+    const SegmentFrames frames{stacks[i], blocks};
+    for (const SegmentInfo& segment : devices[i].snapshot.segments) {
+      write_segment(w, segment, frames);
+    }
   }
   w.end_list();
   key(w, "device_traces");
-  write_traces(w, devices);
+  write_traces(w, devices, stacks);
   key(w, "allocator_settings");
   write_settings(w, config);
   empty_list(w, "external_annotations");

@@ -38,8 +38,17 @@ std::optional<std::uint64_t> AddressLifetimes::live_at(std::uint64_t addr) const
   return found->second;
 }
 
+void AddressLifetimes::note_stack(std::vector<std::uint32_t>& stacks, std::uint64_t index,
+                                  std::uint32_t stack) {
+  if (stack == 0) return;
+  any_stack_ = true;
+  if (stacks.size() <= index) stacks.resize(index + 1);
+  stacks[index] = stack;
+}
+
 void AddressLifetimes::alloc(std::uint64_t addr, std::uint64_t size, std::uint32_t stream,
-                             std::int64_t time) {
+                             std::int64_t time, std::uint32_t stack) {
+  note_stack(alloc_stacks_, allocations_, stack);
   const std::uint64_t id = allocations_++;
   live_[addr] = id;
   spans_[addr] = end_of(addr, size);
@@ -49,7 +58,8 @@ void AddressLifetimes::alloc(std::uint64_t addr, std::uint64_t size, std::uint32
 }
 
 AddressLifetimes::Freed AddressLifetimes::free(std::uint64_t addr, std::uint64_t size,
-                                               std::uint32_t stream, std::int64_t time) {
+                                               std::uint32_t stream, std::int64_t time,
+                                               std::uint32_t stack) {
   Freed freed;
   freed_.insert(addr);
   const auto found = live_.find(addr);
@@ -57,6 +67,7 @@ AddressLifetimes::Freed AddressLifetimes::free(std::uint64_t addr, std::uint64_t
     freed.id = trace_.live_before.size() | live_before_flag;
     freed.size = size;
     freed.before = true;
+    note_stack(before_stacks_, trace_.live_before.size(), stack);
     trace_.live_before.push_back(LiveBlock{freed.id, size, addr, stream});
   } else {
     freed.id = found->second;
@@ -70,9 +81,10 @@ AddressLifetimes::Freed AddressLifetimes::free(std::uint64_t addr, std::uint64_t
   return freed;
 }
 
-void AddressLifetimes::live_throughout(std::uint64_t addr, std::uint64_t size,
-                                       std::uint32_t stream) {
+void AddressLifetimes::live_throughout(std::uint64_t addr, std::uint64_t size, std::uint32_t stream,
+                                       std::uint32_t stack) {
   spans_[addr] = end_of(addr, size);
+  note_stack(before_stacks_, trace_.live_before.size(), stack);
   trace_.live_before.push_back(
       LiveBlock{trace_.live_before.size() | live_before_flag, size, addr, stream});
 }
@@ -104,6 +116,22 @@ void AddressLifetimes::finish() {
   for (RecordedFreeCompletion& completion : trace_.recorded.deferred_frees) {
     completion.id = final_id(completion.id);
   }
+  finish_stacks(count, rank);
+}
+
+void AddressLifetimes::finish_stacks(std::uint64_t live_before_count,
+                                     const std::vector<std::uint64_t>& rank) {
+  if (!any_stack_) return;
+  std::vector<std::uint32_t>& stacks = trace_.alloc_stacks;
+  stacks.assign(live_before_count + allocations_, 0);
+  for (std::size_t j = 0; j < before_stacks_.size() && j < rank.size(); ++j) {
+    stacks[rank[j]] = before_stacks_[j];
+  }
+  for (std::size_t k = 0; k < alloc_stacks_.size(); ++k) {
+    stacks[live_before_count + k] = alloc_stacks_[k];
+  }
+  alloc_stacks_ = {};
+  before_stacks_ = {};
 }
 
 }  // namespace cistern::trace::detail

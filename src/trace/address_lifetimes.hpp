@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "trace/trace.hpp"
 
@@ -32,7 +33,9 @@ class AddressLifetimes {
   bool freed_at(std::uint64_t addr) const { return freed_.count(addr) != 0; }
 
   /// Appends an alloc of `size` bytes at `addr`. The caller has checked that `addr` is not live.
-  void alloc(std::uint64_t addr, std::uint64_t size, std::uint32_t stream, std::int64_t time);
+  /// `stack` (an id into `trace.stacks`, 0: none) is where the program allocated it.
+  void alloc(std::uint64_t addr, std::uint64_t size, std::uint32_t stream, std::int64_t time,
+             std::uint32_t stack = 0);
 
   /// What a free found.
   struct Freed {
@@ -42,8 +45,9 @@ class AddressLifetimes {
   };
   /// Appends a free of the allocation at `addr`. If none is live there, a `live_before` block of
   /// `size` bytes is created first. The event carries the allocation's own size. The caller has
-  /// checked `freed_at(addr)`.
-  Freed free(std::uint64_t addr, std::uint64_t size, std::uint32_t stream, std::int64_t time);
+  /// checked `freed_at(addr)`. `stack` is the allocation's stack, used only for such a block.
+  Freed free(std::uint64_t addr, std::uint64_t size, std::uint32_t stream, std::int64_t time,
+             std::uint32_t stack = 0);
 
   /// The live allocation, as [begin, end), that shares a byte with [addr, addr + size), if any.
   /// Live allocations never overlap: a reader that finds one refuses the trace, naming both.
@@ -51,10 +55,12 @@ class AddressLifetimes {
                                                                      std::uint64_t size) const;
 
   /// Adds a block live from before the recording to its end (never freed in it).
-  void live_throughout(std::uint64_t addr, std::uint64_t size, std::uint32_t stream);
+  void live_throughout(std::uint64_t addr, std::uint64_t size, std::uint32_t stream,
+                       std::uint32_t stack = 0);
 
   /// Sorts `live_before` by address and renumbers every id in the trace, including
-  /// `recorded.deferred_frees`. Call once, last.
+  /// `recorded.deferred_frees`, and fills `trace.alloc_stacks` when a stack was given. Call once,
+  /// last.
   void finish();
 
  private:
@@ -66,6 +72,13 @@ class AddressLifetimes {
   std::map<std::uint64_t, std::uint64_t> spans_;           ///< live allocation's address -> its end
   std::unordered_set<std::uint64_t> freed_;  ///< addresses whose last event was a free
   std::uint64_t allocations_ = 0;
+  // Stacks by provisional id, kept only once a nonzero stack was given (4 bytes per allocation).
+  std::vector<std::uint32_t> alloc_stacks_;   ///< allocation k's
+  std::vector<std::uint32_t> before_stacks_;  ///< live_before[j]'s, in discovery order
+  bool any_stack_ = false;
+  void note_stack(std::vector<std::uint32_t>& stacks, std::uint64_t index, std::uint32_t stack);
+  void finish_stacks(std::uint64_t live_before_count,
+                     const std::vector<std::uint64_t>& rank);  // rank of live_before[j]
 };
 
 }  // namespace cistern::trace::detail

@@ -79,6 +79,15 @@ class HistoryReader {
     throw InvalidArgument(fmt::format("{}: history[{}]: {}", source_, index, what));
   }
 
+  /// The entry's stack, checked against the trace's table (0 when the history came without one).
+  std::uint32_t stack(const HistoryEntry& entry, std::size_t index) const {
+    if (trace_.stacks.size() == 1) return 0;
+    if (entry.stack >= trace_.stacks.size()) {
+      fail(index, fmt::format("stack {} but the table has {}", entry.stack, trace_.stacks.size()));
+    }
+    return entry.stack;
+  }
+
   static std::int64_t time(const HistoryEntry& entry) {
     return static_cast<std::int64_t>(entry.time_us);
   }
@@ -88,7 +97,8 @@ class HistoryReader {
       fail(index, fmt::format("alloc at {:#x}, which is allocated and not freed", entry.addr));
     }
     pending_.erase(entry.addr);
-    lifetimes_.alloc(entry.addr, entry.size, streams_.index(entry.stream.handle), time(entry));
+    lifetimes_.alloc(entry.addr, entry.size, streams_.index(entry.stream.handle), time(entry),
+                     stack(entry, index));
   }
 
   void on_free_requested(const HistoryEntry& entry, std::size_t index) {
@@ -96,7 +106,8 @@ class HistoryReader {
       fail(index, fmt::format("free_requested of {:#x}, which was already freed", entry.addr));
     }
     const AddressLifetimes::Freed freed =
-        lifetimes_.free(entry.addr, entry.size, streams_.index(entry.stream.handle), time(entry));
+        lifetimes_.free(entry.addr, entry.size, streams_.index(entry.stream.handle), time(entry),
+                        stack(entry, index));
     pending_[entry.addr] = Pending{freed.id, trace_.events.size() - 1};
   }
 
@@ -149,8 +160,9 @@ class HistoryReader {
 }  // namespace
 
 Trace trace_from_history(const std::vector<HistoryEntry>& history, const Snapshot* at_start,
-                         int device, const std::string& source) {
+                         int device, const std::string& source, const StackTable* stacks) {
   Trace trace;
+  if (stacks != nullptr) trace.stacks = *stacks;
   trace.source = source;
   trace.format = "cistern";
   trace.device = device;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cistern/history.hpp"
+#include "cistern/stacks.hpp"
 #include "cistern/stats.hpp"
 #include "trace/trace.hpp"
 
@@ -25,9 +26,13 @@ namespace cistern::trace {
 /// them (as `live_before` blocks, with the segments it lists as the recorded initial segments and
 /// initial reserved bytes); without it they are left out. `source` names the trace in messages.
 ///
+/// With `stacks` (the table the entries' `HistoryEntry::stack` ids name, as a `DeviceRecord`
+/// carries it) the trace keeps each allocation's stack (`Trace::alloc_stacks`).
+///
 /// Throws `cistern::InvalidArgument` naming the entry if the history is inconsistent (an alloc
 /// at a live address, a second free of one allocation), which a complete history never is.
 Trace trace_from_history(const std::vector<HistoryEntry>& history, const Snapshot* at_start,
-                         int device, const std::string& source = "allocator history");
+                         int device, const std::string& source = "allocator history",
+                         const StackTable* stacks = nullptr);
 
 }  // namespace cistern::trace

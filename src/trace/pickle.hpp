@@ -161,6 +161,10 @@ class Value {
   bool same_object(const Value& other) const noexcept {
     return storage_ == other.storage_ && node_ == other.node_;
   }
+  /// A number that names the pickled object this handle refers to, unique within its document:
+  /// two handles have the same identity exactly when `same_object` holds. Readers use it to
+  /// convert an object that the pickle shares (memo) only once.
+  std::uint32_t identity() const noexcept { return node_; }
 
  private:
   friend class Document;

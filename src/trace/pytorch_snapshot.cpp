@@ -20,6 +20,7 @@
 
 #include "cistern/errors.hpp"
 #include "cistern/history.hpp"
+#include "cistern/stacks.hpp"
 #include "trace/address_lifetimes.hpp"
 #include "trace/pickle.hpp"
 #include "trace/pytorch_segments.hpp"
@@ -152,6 +153,57 @@ int choose_device(const Snapshot& snapshot, const std::string& name, const ReadO
   return candidates.empty() ? 0 : *candidates.begin();
 }
 
+/// Reads events' and blocks' `frames` into a trace's stack table. PyTorch's pickle shares one
+/// frames list among the events of one stack (and one frame dict among the stacks that hold it),
+/// so each shared object is converted once: the cost is a lookup per event and memory per
+/// distinct stack, not per event.
+class FrameReader {
+ public:
+  explicit FrameReader(StackTable& table) : table_(table) {}
+
+  /// The stack id of `object`'s 'frames' (0 when it has none or an empty list). Fails, naming
+  /// the place, for frames of the wrong shape.
+  std::uint32_t of(Value object, const Place& at) {
+    const std::optional<Value> frames = object.find("frames");
+    if (!frames || frames->is_none()) return 0;
+    if (!frames->is_list()) {
+      at.fail(fmt::format("'frames' is {} {}, expected a list of frames", frames->type_name(),
+                          frames->describe(40)));
+    }
+    if (frames->size() == 0) return 0;
+    const auto [known, added] = stacks_.emplace(frames->identity(), 0);
+    if (!added) return known->second;
+    ids_.clear();
+    for (const Value frame : *frames) ids_.push_back(frame_id(frame, at));
+    known->second = table_.stack_id(ids_);
+    return known->second;
+  }
+
+ private:
+  std::uint32_t frame_id(Value frame, const Place& at) {
+    const auto found = frames_.find(frame.identity());
+    if (found != frames_.end()) return found->second;
+    if (!frame.is_dict()) {
+      at.fail(fmt::format("a frame is {} {}, expected a dict with 'filename', 'line' and 'name'",
+                          frame.type_name(), frame.describe(40)));
+    }
+    const Value filename = at.field(frame, "filename");
+    const Value name = at.field(frame, "name");
+    if (!filename.is_string() || !name.is_string()) {
+      at.fail(fmt::format("a frame's 'filename' and 'name' must be str: {}", frame.describe(60)));
+    }
+    const std::uint32_t id =
+        table_.frame_id(filename.as_string(), at.integer(frame, "line"), name.as_string());
+    frames_.emplace(frame.identity(), id);
+    return id;
+  }
+
+  StackTable& table_;
+  std::unordered_map<std::uint32_t, std::uint32_t> stacks_;  ///< frames list's identity -> stack
+  std::unordered_map<std::uint32_t, std::uint32_t> frames_;  ///< frame dict's identity -> frame
+  std::vector<std::uint32_t> ids_;
+};
+
 /// Reads one device's window into a trace.
 class WindowReader {
  public:
@@ -222,7 +274,8 @@ class WindowReader {
     const std::uint64_t size = at.size(event, "size");
     refuse_overlap(at, "alloc", addr, size);
     pending_.erase(addr);
-    lifetimes_.alloc(addr, size, streams_.index(at.stream(event)), time(event, at, position));
+    lifetimes_.alloc(addr, size, streams_.index(at.stream(event)), time(event, at, position),
+                     stacks_.of(event, at));
   }
 
   void on_free_requested(Value event, const Place& at, std::size_t position) {
@@ -231,8 +284,12 @@ class WindowReader {
     if (lifetimes_.freed_at(addr)) {
       at.fail(fmt::format("free_requested of {:#x}, which the window already freed", addr));
     }
-    const AddressLifetimes::Freed freed = lifetimes_.free(
-        addr, at.size(event, "size"), streams_.index(at.stream(event)), time(event, at, position));
+    // PyTorch's free events carry the allocation's frames: kept for a block allocated before
+    // the window, which has no alloc event.
+    const std::uint32_t stack = lifetimes_.live_at(addr) ? 0 : stacks_.of(event, at);
+    const AddressLifetimes::Freed freed =
+        lifetimes_.free(addr, at.size(event, "size"), streams_.index(at.stream(event)),
+                        time(event, at, position), stack);
     pending_[addr] = Pending{freed.id, trace_.events.size() - 1};
   }
 
@@ -369,7 +426,7 @@ class WindowReader {
       const char* key = block.find("requested_size") ? "requested_size" : "size";
       const std::uint64_t size = at.size(block, key);
       refuse_overlap(at, "active_allocated block", addr, size);
-      lifetimes_.live_throughout(addr, size, stream);
+      lifetimes_.live_throughout(addr, size, stream, stacks_.of(block, at));
     }
   }
 
@@ -410,6 +467,7 @@ class WindowReader {
   Trace& trace_;
   AddressLifetimes lifetimes_;
   StreamTable streams_;
+  FrameReader stacks_{trace_.stacks};
   std::unordered_map<std::uint64_t, Pending> pending_;  ///< requested, not yet completed frees
   std::unordered_set<std::uint64_t> pending_at_end_;    ///< active_pending_free final blocks
   std::vector<std::size_t> segment_positions_;          ///< where each segment event was read

@@ -65,9 +65,19 @@ class Checker {
     check_live_before();
     for (std::size_t i = 0; i < trace_.events.size(); ++i) check_event(i, trace_.events[i]);
     check_recorded();
+    check_stacks();
   }
 
  private:
+  void check_stacks() const {
+    for (std::size_t id = 0; id < trace_.alloc_stacks.size(); ++id) {
+      if (trace_.alloc_stacks[id] >= trace_.stacks.size()) {
+        fail("alloc_stacks[{}]: stack {} but the trace has {} stacks", id, trace_.alloc_stacks[id],
+             trace_.stacks.size());
+      }
+    }
+  }
+
   template <class... Args>
   [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
     throw InvalidArgument(fmt::format("{}: {}", trace_.source.empty() ? "trace" : trace_.source,

@@ -41,6 +41,8 @@
 #include <utility>
 #include <vector>
 
+#include "cistern/stacks.hpp"
+
 namespace cistern::trace {
 
 /// The largest allocation size any reader accepts (64 PiB): larger sizes are corrupt input, and
@@ -160,6 +162,16 @@ struct Trace {
   std::vector<LiveBlock> live_before;     ///< allocated before the window, in address order
   std::vector<Event> events;
   Recorded recorded;
+  /// The call stacks the recording gives (PyTorch snapshots' `frames`), interned.
+  StackTable stacks;
+  /// The stack of each allocation, by id (live_before and window alike): where the program
+  /// allocated it. Empty when the recording has no frames; ids beyond its end have none (0).
+  std::vector<std::uint32_t> alloc_stacks;
+
+  /// The stack of allocation `id` (0: none recorded).
+  std::uint32_t stack_of(std::uint64_t id) const noexcept {
+    return id < alloc_stacks.size() ? alloc_stacks[id] : 0;
+  }
 
   /// The exact physical lower bound: the maximum over time of live requested bytes, counting
   /// the blocks live before the window. An allocation stops being live at its free event.
