@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -17,12 +18,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cistern/pytorch_snapshot.hpp"
 #include "support/reference_figures.hpp"
 #include "support/trace_sizes.hpp"
 #include "trace/native_text.hpp"
+#include "trace/pickle.hpp"
+#include "trace/readers.hpp"
 
 namespace {
 
@@ -778,6 +782,98 @@ TEST_F(Cli, HtmlReportIsSelfContainedAndCarriesTheData) {
                            "torch", "nocache", "6.53 GiB", "7013335044"})
     EXPECT_NE(page.find(word), std::string::npos) << word;
   EXPECT_LT(page.size(), 4u << 20);
+}
+
+/// The JSON a report embeds under `id` (a <script type="application/json"> element).
+json embedded_json(const std::string& page, const std::string& id) {
+  const std::string open = "<script type=\"application/json\" id=\"" + id + "\">";
+  const std::size_t begin = page.find(open);
+  if (begin == std::string::npos) return nullptr;
+  const std::size_t from = begin + open.size();
+  return json::parse(page.substr(from, page.find("</script>", from) - from));
+}
+
+TEST_F(Cli, HtmlReportNamesTheLargestBlocksAtEachPeakWithTheirFrames) {
+  REQUIRE_TRACES();
+  const std::string path = trace("pytorch/DeComFL/memory.pickle.gz");
+  const fs::path html = temp("where.html");
+  const Outcome o =
+      run("replay -q -p cistern,torch --html " + quote(html.string()) + " " + quote(path));
+  ASSERT_EQ(o.code, 0) << o.err;
+  const std::string page = slurp(html);
+  EXPECT_NE(page.find("Where the memory went"), std::string::npos);
+  EXPECT_NE(page.find("type=\"range\""), std::string::npos);
+  const json data = embedded_json(page, "where-0");
+  ASSERT_TRUE(data.is_object());
+  const json& moments = data.at("moments");
+  const json timeline = embedded_json(page, "timeline-0");
+  ASSERT_TRUE(timeline.is_object());
+  EXPECT_GT(moments.size(), 10u) << "a moment per timeline point";
+  EXPECT_EQ(moments.size(), timeline.at("xs").at(0).size());
+
+  // The expected moment, from the trace itself: the allocations live after the first policy's
+  // peak, largest first, and the frames of the largest.
+  const cistern::trace::Trace t = cistern::trace::read_trace(path);
+  const json& recorded = data.at("policies").at(0);
+  ASSERT_TRUE(recorded.at("peakEvent").is_number());
+  const auto peak = recorded.at("peakEvent").get<std::size_t>();
+  std::map<std::uint64_t, std::uint64_t> live;  // id -> size
+  for (const cistern::trace::LiveBlock& b : t.live_before) live[b.id] = b.size;
+  for (std::size_t i = 0; i <= peak; ++i) {
+    const cistern::trace::Event& e = t.events[i];
+    if (e.op == cistern::trace::Op::alloc) live[e.id] = e.size;
+    if (e.op == cistern::trace::Op::free) live.erase(e.id);
+  }
+  std::uint64_t largest = 0, bytes = 0;
+  for (const auto& [id, size] : live) largest = std::max(largest, size), bytes += size;
+  const json* moment = nullptr;
+  for (const json& m : moments)
+    if (m.at("event") == peak) moment = &m;
+  ASSERT_NE(moment, nullptr);
+  EXPECT_EQ(moment->at("live").get<std::uint64_t>(), bytes);
+  const json& top = moment->at("largest").at(0);
+  EXPECT_EQ(top.at(0).get<std::uint64_t>(), largest);
+  const auto id = top.at(1).get<std::uint64_t>();
+  EXPECT_EQ(live.at(id), largest);
+  // Its frames, innermost first, are the trace's for that allocation, and the page names them.
+  ASSERT_GE(top.at(2).get<int>(), 0) << "DeComFL's allocations have frames";
+  const json& frames = data.at("stacks").at(top.at(2).get<std::size_t>());
+  const std::vector<std::uint32_t>& expected = t.stacks.stack(t.stack_of(id));
+  ASSERT_EQ(frames.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const cistern::StackFrame& f = t.stacks.frame(expected[i]);
+    EXPECT_EQ(frames[i], json::array({f.filename, f.line, f.name}));
+  }
+  EXPECT_NE(page.find("<b>" + t.stacks.frame(expected[0]).name + "</b>"), std::string::npos);
+  EXPECT_EQ(page.find("http://"), std::string::npos);
+}
+
+TEST_F(Cli, ReplaySnapshotKeepsTheInputsFrames) {
+  REQUIRE_TRACES();
+  const std::string path = trace("pytorch/DeComFL/memory.pickle.gz");
+  const fs::path out = temp("frames.pickle");
+  const Outcome o =
+      run("replay -q -p cistern --snapshot " + quote(out.string()) + " " + quote(path));
+  ASSERT_EQ(o.code, 0) << o.err;
+  const auto frames_of = [](cistern::trace::pickle::Value list) {
+    std::vector<std::tuple<std::string, std::int64_t, std::string>> frames;
+    for (const cistern::trace::pickle::Value f : list)
+      frames.emplace_back(f.at("filename").as_string(), f.at("line").as_int(),
+                          f.at("name").as_string());
+    return frames;
+  };
+  const cistern::trace::pickle::Document input = cistern::trace::pickle::read_file(path);
+  const cistern::trace::pickle::Document written = cistern::trace::pickle::read_file(out.string());
+  std::vector<std::vector<std::tuple<std::string, std::int64_t, std::string>>> in, back;
+  for (const cistern::trace::pickle::Value e : input.root().at("device_traces")[0])
+    if (e.at("action").as_string() == "alloc") in.push_back(frames_of(e.at("frames")));
+  for (const cistern::trace::pickle::Value e : written.root().at("device_traces")[0])
+    if (e.at("action").as_string() == "alloc") back.push_back(frames_of(e.at("frames")));
+  // The replay allocates the blocks live before the window first, then the window's, in order.
+  const std::size_t before = cistern::trace::read_trace(path).live_before.size();
+  ASSERT_EQ(back.size(), before + in.size());
+  EXPECT_TRUE(std::equal(in.begin(), in.end(), back.begin() + static_cast<std::ptrdiff_t>(before)));
+  EXPECT_FALSE(in.front().empty());
 }
 
 // --- --backend cuda ----------------------------------------------------------------------------

@@ -362,6 +362,7 @@ std::vector<TraceResults> group_results(const std::vector<const trace::Trace*>& 
     g.allocations = t->allocations();
     g.events = t->events.size();
     g.live_before = bytes_live_before(*t);
+    g.source = t;
     groups.push_back(std::move(g));
   }
   for (replay::Result& r : results) {

@@ -27,6 +27,9 @@ struct TraceResults {
   std::uint64_t events = 0;       ///< all events in the window
   std::uint64_t live_before = 0;  ///< bytes live when the window opened
   std::vector<replay::Result> results;
+  /// The trace itself, for what the report derives from its events (the largest live
+  /// allocations at a moment, their call stacks); null when the rows came without it.
+  const trace::Trace* source = nullptr;
 };
 
 /// Groups `results` (in any order) by trace and device, keeping the first-seen order of traces
@@ -84,8 +87,9 @@ struct ReportInfo {
 std::string now_iso8601();
 
 /// A self-contained HTML page (inline CSS, SVG and a little JS; nothing fetched): per trace a
-/// memory timeline (live bytes and every policy's reserved bytes), the results table, and the
-/// segment map at each policy's peak.
+/// memory timeline (live bytes and every policy's reserved bytes), the results table, the
+/// segment map at each policy's peak, and where the memory went: the largest live allocations
+/// with their call stacks at each policy's peak and, with a slider, at any timeline point.
 std::string format_html(const std::vector<TraceResults>& traces, const ReportInfo& info);
 
 }  // namespace cistern::cli

@@ -7,7 +7,9 @@
 //    over the event index, with PyTorch's recorded reserved bytes dashed, each policy's peak
 //    marked, and the device's capacity when a replay ran out of memory;
 //  * the results table;
-//  * the segment map at each policy's peak reserved (report_segment_map.cpp).
+//  * the segment map at each policy's peak reserved (report_segment_map.cpp);
+//  * where the memory went: the largest live allocations and their call stacks at each
+//    policy's peak, and a slider over the timeline (report_html_moments.cpp).
 //
 // The page grows with the timeline samples (Options::timeline_points) and the pixels of the
 // segment maps, never with the length of the trace.
@@ -455,6 +457,8 @@ std::string trace_section(const TraceResults& t, std::size_t index) {
   out += timeline_html(t, colors, index);
   out += results_table_html(t, colors);
   out += html::segment_maps_html(t, colors, fmt::format("map-{}", index));
+  out += html::moments_html(t, colors, fmt::format("where-{}", index),
+                            fmt::format("timeline-{}", index));
   return out + "</section>";
 }
 

@@ -54,6 +54,14 @@ tr.recorded td { color: #4b5563; font-style: italic; }
 .err { color: #b91c1c; }
 nav table td a { color: inherit; }
 nav table th { white-space: normal; max-width: 160px; overflow-wrap: anywhere; vertical-align: bottom; }
+.peak .title { font-size: 13px; margin: 10px 0 4px; }
+table.largest td.frames { text-align: left; white-space: normal; font-size: 12px; }
+table.largest td.frames div { overflow-wrap: anywhere; }
+table.largest details summary { cursor: pointer; color: var(--muted); }
+.moment { margin: 14px 0 4px; padding: 8px 10px; background: var(--panel);
+  border: 1px solid var(--line); border-radius: 4px; }
+.moment input[type=range] { width: 60%; vertical-align: middle; }
+.moment .readout { font-size: 13px; margin: 6px 0 2px; }
 )CSS";
 
 inline constexpr const char* kScript = R"JS(
@@ -154,6 +162,68 @@ inline constexpr const char* kScript = R"JS(
       tip.style.left = (cx + 14 + w > box.clientWidth ? cx - 14 - w : cx + 14) + 'px';
       tip.style.top = ((row + 1) * pitch / k + 4) + 'px';
     });
+  });
+  // Where the memory went: the slider picks a timeline point; the panel shows the largest live
+  // allocations there with their frames, and a line marks the moment on the timeline.
+  function escHtml(t) {
+    return String(t).replace(/[&<>"']/g, function (c) {
+      return {'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;'}[c];
+    });
+  }
+  function frameHtml(f) {
+    return '<div><b>' + escHtml(f[2]) + '</b> <span class="note">' + escHtml(f[0]) + ':' + f[1] +
+           '</span></div>';
+  }
+  // As the page's own tables: the innermost Python frames (else the innermost), then all.
+  function framesHtml(frames) {
+    if (!frames) return '<span class="note">no frames recorded</span>';
+    var shown = frames.filter(function (f) { return /\.py$/.test(f[0]); }).slice(0, 3);
+    if (!shown.length) shown = frames.slice(0, 3);
+    var out = shown.map(frameHtml).join('');
+    if (frames.length <= shown.length) return out;
+    return out + '<details><summary>all ' + frames.length + ' frames</summary>' +
+           frames.map(frameHtml).join('') + '</details>';
+  }
+  document.querySelectorAll('.moment[data-src]').forEach(function (panel) {
+    var data = JSON.parse(document.getElementById(panel.dataset.src).textContent);
+    var slider = panel.querySelector('input'), readout = panel.querySelector('.readout');
+    var list = panel.querySelector('.list'), line = null, chart = null;
+    var source = document.getElementById(panel.dataset.timeline);
+    if (source) {
+      chart = JSON.parse(source.textContent);
+      var svg = document.querySelector('.chart[data-src="' + panel.dataset.timeline + '"] svg');
+      if (svg) {
+        line = document.createElementNS(svg.namespaceURI, 'line');
+        var guide = svg.querySelector('.guide');
+        line.setAttribute('y1', guide.getAttribute('y1'));
+        line.setAttribute('y2', guide.getAttribute('y2'));
+        line.setAttribute('stroke', '#dc2626');
+        line.setAttribute('stroke-width', '1');
+        svg.appendChild(line);
+      }
+    }
+    function show() {
+      var i = Number(slider.value), m = data.moments[i];
+      var text = '<b>after event ' + m.event.toLocaleString() + '</b>: live ' + fmtBytes(m.live);
+      data.policies.forEach(function (p) {
+        text += ' &middot; <span class="swatch" style="background:' + p.color + '"></span>' +
+                escHtml(p.name) + ' reserved ' + fmtBytes(p.reserved[i]) +
+                (p.peakEvent === m.event ? ' (its peak)' : '');
+      });
+      readout.innerHTML = text;
+      var rows = '<tr><th>size</th><th>allocation</th><th>where (innermost frame first)</th></tr>';
+      m.largest.forEach(function (a) {
+        rows += '<tr><td>' + fmtBytes(a[0]) + '</td><td>#' + a[1] + '</td><td class="frames">' +
+                framesHtml(a[2] >= 0 ? data.stacks[a[2]] : null) + '</td></tr>';
+      });
+      list.innerHTML = '<table class="largest">' + rows + '</table>';
+      if (line && chart) {
+        var x = chart.left + m.event / chart.xmax * chart.plotWidth;
+        line.setAttribute('x1', x); line.setAttribute('x2', x);
+      }
+    }
+    slider.addEventListener('input', show);
+    show();
   });
 })();
 )JS";

@@ -62,4 +62,10 @@ inline std::string format_bytes_d(double bytes) {
 std::string segment_maps_html(const TraceResults& t, const std::vector<std::string>& colors,
                               const std::string& id);
 
+/// "Where the memory went" (report_html_moments.cpp): the largest live allocations and their
+/// stacks at each policy's peak, and a slider over the timeline `timeline_id`'s points; "" when
+/// the rows carry no trace or no timeline.
+std::string moments_html(const TraceResults& t, const std::vector<std::string>& colors,
+                         const std::string& id, const std::string& timeline_id);
+
 }  // namespace cistern::cli::html
