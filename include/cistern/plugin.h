@@ -140,6 +140,20 @@ CISTERN_PLUGIN_API int cistern_check(int device);
  *  CISTERN_ERROR_INVALID_ARGUMENT when the file cannot be written, the last error naming the
  *  path and the OS reason ("No such file or directory", "No space left on device"). */
 CISTERN_PLUGIN_API int cistern_write_snapshot(const char* path);
+/** Asked after every successful allocation for the id of the caller's call stack (from
+ *  `cistern_add_stack`; 0: none). cistern.torch.record_history(stacks="python") sets one that
+ *  walks the Python frames of the allocating thread. */
+typedef uint32_t (*cistern_stack_hook)(void); /* NOLINT(modernize-redundant-void-arg): C */
+/** Sets (NULL: clears) the stack hook; the plug-in keeps the stacks of each device's newest
+ *  `max_entries` allocations (0: one million) and `cistern_write_snapshot` writes them as the
+ *  events' and blocks' `frames`. The hook runs on the allocating thread, outside cistern's locks,
+ *  and may call `cistern_add_stack`. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_set_stack_hook(cistern_stack_hook hook, size_t max_entries);
+/** Adds the stack of `count` frames, innermost first (`filenames[i]`, `lines[i]`, `names[i]`:
+ *  PyTorch's frame), if new, and stores its id in `*id`. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_add_stack(size_t count, const char* const* filenames,
+                                         const int64_t* lines, const char* const* names,
+                                         uint32_t* id);
 
 /* --- errors ------------------------------------------------------------------------------------------ */
 

@@ -50,7 +50,7 @@ from cistern._library import load, path as library_path
 
 __all__ = ["enable", "is_enabled", "allocator", "pool_allocator", "mem_pool", "oom_route",
            "oom_route_detail", "memory_stats", "memory_summary", "memory_api_installed",
-           "snapshot", "write_snapshot", "empty_cache"]
+           "snapshot", "write_snapshot", "empty_cache", "record_history"]
 
 logger = logging.getLogger("cistern.torch")
 
@@ -334,6 +334,27 @@ def snapshot():
 def write_snapshot(filename):
     """Writes the snapshot pickle (what torch.cuda.memory._dump_snapshot writes)."""
     cistern.write_snapshot(filename)
+
+
+def record_history(enabled="all", stacks="python", max_entries=1000000):
+    """torch.cuda.memory._record_memory_history() for cistern: records every device's allocator
+    events for the snapshot's timeline (snapshot(), write_snapshot()), with each allocation's
+    Python call stack as the events' and blocks' `frames`, so that pytorch.org/memory_viz names
+    the code that allocated what. `enabled`: "all" or True to start, None or False to stop
+    ("state" records events without stacks). `stacks`: "python" (or "all": the same, cistern
+    takes no C++ frames) for stacks, None for none. `max_entries`: the newest events (and stacks)
+    kept per device. A stack costs a walk of the allocating thread's frames under the GIL per
+    allocation, as PyTorch's does; threads without Python frames (autograd's workers) get none."""
+    from cistern import _stacks
+    if stacks not in ("python", "all", None):
+        raise ValueError("record_history: stacks must be 'python', 'all' or None, not %r"
+                         % (stacks,))
+    on = enabled not in (None, False)
+    cistern.record_history(on, max_entries)
+    with_stacks = on and enabled != "state" and stacks is not None
+    code = _stacks.enable(max_entries) if with_stacks else _stacks.disable()
+    if code != 0:
+        raise cistern.CisternError(code, cistern.last_error())
 
 
 def empty_cache():

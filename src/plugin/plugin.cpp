@@ -18,6 +18,7 @@
 #include "cistern/errors.hpp"
 #include "cistern/pytorch_snapshot.hpp"
 #include "cistern/types.hpp"
+#include "plugin/plugin_stacks.hpp"
 #include "plugin/plugin_state.hpp"
 
 #ifndef CISTERN_VERSION
@@ -230,6 +231,7 @@ Attempt attempt_malloc(std::size_t size, int device, cistern_stream_t stream) no
       },
       &attempt.message);
   if (attempt.code != CISTERN_OK) attempt.ptr = nullptr;
+  stack_log().note(device, attempt.ptr);  // outside every lock: the hook may call back
   return attempt;
 }
 
@@ -379,9 +381,24 @@ int cistern_write_snapshot(const char* path) {
       record.device = allocator->device_index();
       record.snapshot = allocator->snapshot();
       record.history = allocator->history();
+      cistern::plugin::stack_log().attach(record);
       devices.push_back(std::move(record));
     }
     cistern::write_pytorch_snapshot(path, devices, state.config());
+  });
+}
+
+int cistern_set_stack_hook(cistern_stack_hook hook, size_t max_entries) {
+  return guarded([&] {
+    cistern::plugin::stack_log().set_hook(hook, max_entries == 0 ? 1000000 : max_entries);
+  });
+}
+
+int cistern_add_stack(size_t count, const char* const* filenames, const int64_t* lines,
+                      const char* const* names, uint32_t* id) {
+  return guarded([&] {
+    if (id == nullptr) throw cistern::InvalidArgument("cistern: add_stack: null id");
+    *id = cistern::plugin::stack_log().add_stack(count, filenames, lines, names);
   });
 }
 
@@ -421,6 +438,7 @@ const char* cistern_version(void) { return CISTERN_VERSION; }
 
 void cistern_shutdown(void) {
   guarded([&] { PluginState::shutdown(); });
+  cistern::plugin::stack_log().clear();  // the logged addresses were the allocators'
 }
 
 cistern_stream_t cistern_sim_create_stream(int device) {
