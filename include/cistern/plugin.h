@@ -5,7 +5,9 @@
  * PyTorch (CUDAPluggableAllocator) loads the library and calls `cistern_malloc` / `cistern_free`,
  * whose signatures are exactly the ones it casts to; the optional hooks it can be given
  * (`set_init_fn`, `set_reset_fn`, `set_memory_fraction_fn`, `set_record_stream_fn`,
- * `set_base_alloc_fn`) are the functions of the same C types below. CuPy calls `cistern_malloc`
+ * `set_base_alloc_fn`) are the functions of the same C types below, and its CUDA graph hooks
+ * (`set_begin_allocate_to_pool`, `set_end_allocate_to_pool_fn`, `set_release_pool`) the C++
+ * functions at the end. CuPy calls `cistern_malloc`
  * and `cistern_free` through the `cistern.cupy` Python module. The Python package `cistern`
  * (python/) wraps all of it: `cistern.torch.enable()`.
  *
@@ -116,6 +118,34 @@ CISTERN_PLUGIN_API void cistern_record_stream(void* ptr, cistern_stream_t stream
  *  (for CUDA IPC). For a pointer cistern does not hold: `ptr` itself, `*size` untouched. */
 CISTERN_PLUGIN_API void* cistern_base_allocation(void* ptr, size_t* size);
 
+/* --- CUDA graph pools (PyTorch: set_begin_allocate_to_pool, set_end_allocate_to_pool_fn,
+ *     set_release_pool) ------------------------------------------------------------------------ */
+
+/** Whether an allocation on `stream` goes to the pool being begun: non-zero for yes. */
+typedef int (*cistern_stream_filter)(void* context, cistern_stream_t stream);
+
+/** Begins routing allocations of `device` to the graph pool (`pool_first`, `pool_second`) -
+ *  PyTorch's MempoolId_t; (0, 0) is refused - for every stream `filter(context, stream)` accepts
+ *  (every stream when `filter` is NULL), until `cistern_end_allocate_to_pool`. The pool is made
+ *  on its first begin; each begin is one use of it. `filter` and `context` must stay valid until
+ *  the end. Blocks allocated in a pool are never reused outside it: freed, they stay cached in
+ *  the pool for its next allocations. When begins overlap, the newest whose filter accepts the
+ *  stream serves. Statistics, `cistern_empty_cache` and snapshots include the pools. While a
+ *  stream is captured into a CUDA graph and no pool accepts it, an allocation that would need new
+ *  device memory fails (CISTERN_ERROR_INVALID_ARGUMENT, saying so) instead of obtaining memory
+ *  that would later be reused outside the graph. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_begin_allocate_to_pool(int device, uint64_t pool_first,
+                                                      uint64_t pool_second,
+                                                      cistern_stream_filter filter, void* context);
+/** Ends the routing of the newest begin of the pool (not a use: see `cistern_release_pool`).
+ *  Returns an error code (CISTERN_ERROR_INVALID_ARGUMENT when the pool is not begun). */
+CISTERN_PLUGIN_API int cistern_end_allocate_to_pool(int device, uint64_t pool_first,
+                                                    uint64_t pool_second);
+/** Drops one use of the pool. When none is left, the pool gives its memory back to the device as
+ *  soon as nothing allocated in it is live (at once when nothing is); until then its free blocks
+ *  go back with `cistern_empty_cache`. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_release_pool(int device, uint64_t pool_first, uint64_t pool_second);
+
 /* --- statistics and snapshots --------------------------------------------------------------------- */
 
 /** Writes `device`'s statistics as a JSON object with PyTorch's key names
@@ -185,6 +215,10 @@ CISTERN_PLUGIN_API cistern_stream_t cistern_sim_create_stream(int device);
 /** Submits `ns` simulated nanoseconds of work to `stream` of `device`: memory freed on it, or
  *  recorded for it, waits until that work completes. Returns an error code. */
 CISTERN_PLUGIN_API int cistern_sim_launch(int device, cistern_stream_t stream, uint64_t ns);
+/** Marks `stream` of the simulated `device` as captured into a CUDA graph (`capturing` non-zero)
+ *  or no longer: what cudaStreamIsCapturing tells the CUDA backend. Returns an error code. */
+CISTERN_PLUGIN_API int cistern_sim_set_capturing(int device, cistern_stream_t stream,
+                                                 int capturing);
 /** Completes all simulated work on `device`. Returns an error code. */
 CISTERN_PLUGIN_API int cistern_sim_synchronize(int device);
 /** Makes the simulated `device` refuse its next map of physical memory as a GPU under MIG or
@@ -193,6 +227,29 @@ CISTERN_PLUGIN_API int cistern_sim_synchronize(int device);
 CISTERN_PLUGIN_API int cistern_sim_refuse_next_map(int device);
 
 #ifdef __cplusplus
+}
+
+/* --- C++ only: PyTorch's graph-pool hooks, with the exact C++ types its CUDAPluggableAllocator
+ *     casts the function pointers to (torch/csrc/cuda/Module.cpp: void(int, MempoolId_t,
+ *     std::function<bool(cudaStream_t)>) and void(int, MempoolId_t); MempoolId_t is
+ *     std::pair<unsigned long long, unsigned long long>). Never call them from C. -------------- */
+#include <functional>
+#include <utility>
+
+extern "C" {
+/** `set_begin_allocate_to_pool`: `cistern_begin_allocate_to_pool` with PyTorch's stream filter
+ *  (kept until the end). Throws `std::runtime_error` with cistern's message on failure, which
+ *  PyTorch raises as RuntimeError from the capture's begin. */
+CISTERN_PLUGIN_API void cistern_torch_begin_allocate_to_pool(
+    int device, std::pair<unsigned long long, unsigned long long> pool,
+    std::function<bool(cistern_stream_t)> filter);
+/** `set_end_allocate_to_pool_fn`: `cistern_end_allocate_to_pool`; never throws (errors are
+ *  recorded). */
+CISTERN_PLUGIN_API void cistern_torch_end_allocate_to_pool(
+    int device, std::pair<unsigned long long, unsigned long long> pool);
+/** `set_release_pool` (a graph's reset or destructor): `cistern_release_pool`; never throws. */
+CISTERN_PLUGIN_API void cistern_torch_release_pool(
+    int device, std::pair<unsigned long long, unsigned long long> pool);
 }
 #endif
 

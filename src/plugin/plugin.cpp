@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <new>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cistern/errors.hpp"
 #include "cistern/pytorch_snapshot.hpp"
@@ -170,8 +172,11 @@ std::string oom_message(const OutOfMemoryInfo& info) {
 [[noreturn]] void throw_mismatch(PluginState& state, void* ptr, std::size_t size, int device) {
   for (int other = 0; other < kMaxDevices; ++other) {
     const DeviceAllocator* allocator = state.existing(other);
-    const std::optional<std::size_t> requested =
+    std::optional<std::size_t> requested =
         allocator != nullptr ? allocator->requested_size(ptr) : std::nullopt;
+    if (const GraphPools* pools = state.existing_pools(other); !requested && pools != nullptr) {
+      requested = pools->requested_size(ptr);
+    }
     if (!requested) continue;
     throw SizeMismatch("cistern: free(" + hex(ptr) + ", size " + std::to_string(size) +
                        ", device " + std::to_string(device) + "): the allocation has size " +
@@ -189,15 +194,26 @@ void free_checked(void* ptr, std::size_t size, int device, Stream stream) {
   if (allocator != nullptr) require_known_stream(state, device, stream, "free");
   const std::optional<std::size_t> requested =
       allocator != nullptr ? allocator->requested_size(ptr) : std::nullopt;
+  if (!requested) {
+    // Not the general allocator's: a graph pool's, or misuse.
+    GraphPools* pools = state.existing_pools(device);
+    if (pools != nullptr && pools->any_live() && pools->deallocate(ptr, size, stream)) return;
+  }
   if (!requested || *requested != size) throw_mismatch(state, ptr, size, device);
   allocator->deallocate(ptr, stream);
 }
 
-/// The allocator holding the live allocation `ptr`, whichever device it is on.
-DeviceAllocator& allocator_of(PluginState& state, void* ptr, const char* what) {
+/// Calls `use` with the allocator holding the live allocation `ptr` (the general allocator or a
+/// graph pool's), whichever device it is on.
+template <class Use>
+void with_allocator_of(PluginState& state, void* ptr, const char* what, Use&& use) {
   for (int device = 0; device < kMaxDevices; ++device) {
     DeviceAllocator* allocator = state.existing(device);
-    if (allocator != nullptr && allocator->requested_size(ptr)) return *allocator;
+    if (allocator != nullptr && allocator->requested_size(ptr)) return use(*allocator);
+  }
+  for (int device = 0; device < kMaxDevices; ++device) {
+    GraphPools* pools = state.existing_pools(device);
+    if (pools != nullptr && pools->any_live() && pools->with_owner(ptr, use)) return;
   }
   throw InvalidPointer(std::string("cistern: ") + what + "(" + hex(ptr) +
                        "): not a live allocation of cistern_malloc");
@@ -220,13 +236,31 @@ Attempt attempt_malloc(std::size_t size, int device, cistern_stream_t stream) no
         PluginState& state = PluginState::get();
         DeviceAllocator& allocator = state.allocator(device);
         require_known_stream(state, device, Stream(stream), "malloc");
+        GraphPools& pools = *state.existing_pools(device);
+        MallocScope scope{Stream(stream)};
+        bool pooled = false;
         try {
-          attempt.ptr = allocator.allocate(size, Stream(stream));
-          state.note_fallback(device);
+          if (pools.any_begun()) {
+            pooled = true;  // until no begun pool's filter accepts the stream
+            const std::optional<void*> ptr = pools.allocate(size, Stream(stream));
+            pooled = ptr.has_value();
+            if (pooled) attempt.ptr = *ptr;
+          }
+          if (!pooled) {
+            attempt.ptr = allocator.allocate(size, Stream(stream));
+            state.note_fallback(device);
+          }
         } catch (const OutOfMemory& e) {
           // A size no device has is refused before the device is asked: its own message says so.
           if (e.info().device_total == 0) throw;
-          throw OutOfMemory(e.info(), oom_message(e.info()));
+          std::string message = oom_message(e.info());
+          if (pooled && state.capture(device).is_capturing(Stream(stream))) {
+            message += GraphPools::capture_oom_note();
+          }
+          throw OutOfMemory(e.info(), message);
+        } catch (const DeviceError&) {
+          if (!scope.refused_for_capture()) throw;
+          throw InvalidArgument(capture_refusal_message(device, Stream(stream)));
         }
       },
       &attempt.message);
@@ -292,7 +326,13 @@ void cistern_init(int device_count) {
 
 void cistern_empty_cache(void) {
   guarded([&] {
-    for (cistern::DeviceAllocator* allocator : PluginState::get().all()) allocator->empty_cache();
+    PluginState& state = PluginState::get();
+    for (int device = 0; device < cistern::plugin::kMaxDevices; ++device) {
+      cistern::DeviceAllocator* allocator = state.existing(device);
+      if (allocator == nullptr) continue;
+      allocator->empty_cache();
+      state.existing_pools(device)->empty_cache();  // the pools no graph uses any more
+    }
   });
 }
 
@@ -309,11 +349,12 @@ void cistern_set_memory_fraction(double fraction, int device) {
 void cistern_record_stream(void* ptr, cistern_stream_t stream) {
   guarded([&] {
     PluginState& state = PluginState::get();
-    cistern::DeviceAllocator& allocator =
-        cistern::plugin::allocator_of(state, ptr, "record_stream");
-    cistern::plugin::require_known_stream(state, allocator.device_index(), Stream(stream),
-                                          "record_stream");
-    allocator.record_stream(ptr, Stream(stream));
+    cistern::plugin::with_allocator_of(
+        state, ptr, "record_stream", [&](cistern::DeviceAllocator& allocator) {
+          cistern::plugin::require_known_stream(state, allocator.device_index(), Stream(stream),
+                                                "record_stream");
+          allocator.record_stream(ptr, Stream(stream));
+        });
   });
 }
 
@@ -321,12 +362,65 @@ void* cistern_base_allocation(void* ptr, size_t* size) {
   void* base = ptr;
   guarded([&] {
     PluginState& state = PluginState::get();
-    const auto [segment, bytes] =
-        cistern::plugin::allocator_of(state, ptr, "base_allocation").base_allocation(ptr);
-    base = segment;
-    if (size != nullptr) *size = bytes;
+    cistern::plugin::with_allocator_of(
+        state, ptr, "base_allocation", [&](cistern::DeviceAllocator& allocator) {
+          const auto [segment, bytes] = allocator.base_allocation(ptr);
+          base = segment;
+          if (size != nullptr) *size = bytes;
+        });
   });
   return base;
+}
+
+int cistern_begin_allocate_to_pool(int device, uint64_t pool_first, uint64_t pool_second,
+                                   cistern_stream_filter filter, void* context) {
+  return guarded([&] {
+    cistern::plugin::StreamFilter accepts;
+    if (filter != nullptr) {
+      accepts = [filter, context](Stream s) {
+        return filter(context, s.native<CUstream_st>()) != 0;
+      };
+    }
+    PluginState::get().pools(device).begin({pool_first, pool_second}, std::move(accepts));
+  });
+}
+
+int cistern_end_allocate_to_pool(int device, uint64_t pool_first, uint64_t pool_second) {
+  return guarded([&] { PluginState::get().pools(device).end({pool_first, pool_second}); });
+}
+
+int cistern_release_pool(int device, uint64_t pool_first, uint64_t pool_second) {
+  return guarded([&] { PluginState::get().pools(device).release({pool_first, pool_second}); });
+}
+
+void cistern_torch_begin_allocate_to_pool(int device,
+                                          std::pair<unsigned long long, unsigned long long> pool,
+                                          std::function<bool(cistern_stream_t)> filter) {
+  std::string message;
+  const int code = guarded(
+      [&] {
+        cistern::plugin::StreamFilter accepts;
+        if (filter) {
+          accepts = [filter = std::move(filter)](Stream s) {
+            return filter(s.native<CUstream_st>());
+          };
+        }
+        PluginState::get().pools(device).begin(pool, std::move(accepts));
+      },
+      &message);
+  if (code != CISTERN_OK) {
+    throw std::runtime_error(message.empty() ? "cistern: begin_allocate_to_pool failed" : message);
+  }
+}
+
+void cistern_torch_end_allocate_to_pool(int device,
+                                        std::pair<unsigned long long, unsigned long long> pool) {
+  guarded([&] { PluginState::get().pools(device).end(pool); });
+}
+
+void cistern_torch_release_pool(int device,
+                                std::pair<unsigned long long, unsigned long long> pool) {
+  guarded([&] { PluginState::get().pools(device).release(pool); });
 }
 
 size_t cistern_memory_stats_json(int device, char* buffer, size_t capacity) {
@@ -336,19 +430,29 @@ size_t cistern_memory_stats_json(int device, char* buffer, size_t capacity) {
       throw cistern::InvalidArgument("cistern: memory_stats: device " + std::to_string(device) +
                                      " is out of range");
     }
-    const cistern::DeviceAllocator* allocator = PluginState::get().existing(device);
-    const cistern::Stats stats = allocator != nullptr ? allocator->stats() : cistern::Stats{};
+    PluginState& state = PluginState::get();
+    const cistern::DeviceAllocator* allocator = state.existing(device);
+    cistern::Stats stats = allocator != nullptr ? allocator->stats() : cistern::Stats{};
+    if (const cistern::plugin::GraphPools* pools = state.existing_pools(device)) {
+      cistern::plugin::add_stats(stats, pools->stats());
+    }
     length = cistern::plugin::copy_out(cistern::plugin::stats_json(stats), buffer, capacity);
   });
   return length;
 }
 
 int cistern_reset_peak_stats(int device) {
-  return guarded([&] { PluginState::get().allocator(device).reset_peak_stats(); });
+  return guarded([&] {
+    PluginState::get().allocator(device).reset_peak_stats();
+    PluginState::get().pools(device).reset_peak_stats();
+  });
 }
 
 int cistern_reset_accumulated_stats(int device) {
-  return guarded([&] { PluginState::get().allocator(device).reset_accumulated_stats(); });
+  return guarded([&] {
+    PluginState::get().allocator(device).reset_accumulated_stats();
+    PluginState::get().pools(device).reset_accumulated_stats();
+  });
 }
 
 int cistern_record_history(int enabled, size_t max_entries) {
@@ -365,6 +469,7 @@ int cistern_check(int device) {
     }
     if (const cistern::DeviceAllocator* allocator = PluginState::get().existing(device)) {
       allocator->check();
+      PluginState::get().existing_pools(device)->check();
     }
   });
 }
@@ -380,6 +485,7 @@ int cistern_write_snapshot(const char* path) {
       cistern::DeviceRecord record;
       record.device = allocator->device_index();
       record.snapshot = allocator->snapshot();
+      state.existing_pools(record.device)->add_segments(record.snapshot);
       record.history = allocator->history();
       cistern::plugin::stack_log().attach(record);
       devices.push_back(std::move(record));
@@ -455,6 +561,15 @@ int cistern_sim_refuse_next_map(int device) {
   return guarded([&] {
     PluginState::get().sim(device).fail_nth(cistern::DeviceOp::map, 1,
                                             cistern::Status::not_supported);
+  });
+}
+
+int cistern_sim_set_capturing(int device, cistern_stream_t stream, int capturing) {
+  return guarded([&] {
+    PluginState& state = PluginState::get();
+    state.sim(device);  // refuses another backend
+    cistern::plugin::require_known_stream(state, device, Stream(stream), "sim_set_capturing");
+    state.capture(device).mark(Stream(stream), capturing != 0);
   });
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cistern/types.hpp"
+#include "plugin/graph_pools.hpp"
 #ifdef CISTERN_HAS_CUDA
 #include "cistern/cuda_device.hpp"
 #endif
@@ -164,7 +165,12 @@ DeviceAllocator& PluginState::allocator(int device) {
   auto slot = std::make_unique<Slot>();
   slot->device = open_device(device);
   slot->sim = dynamic_cast<SimDevice*>(slot->device.get());
-  slot->allocator = make_allocator(*slot->device, config_);
+  slot->capture = std::make_unique<CaptureState>(slot->sim != nullptr);
+  slot->guard =
+      std::make_unique<CaptureGuardDevice>(*slot->device, *slot->capture, GuardRole::general);
+  slot->allocator = make_allocator(*slot->guard, config_);
+  slot->pools =
+      std::make_unique<GraphPools>(*slot->device, config_, *slot->capture, *slot->allocator);
   slot->engine = slot->allocator->uses_virtual_memory();
   if (history_) slot->allocator->record_history(true, history_entries_);
   slots_[index] = std::move(slot);
@@ -186,6 +192,22 @@ DeviceAllocator* PluginState::existing(int device) noexcept {
   if (device < 0 || device >= kMaxDevices) return nullptr;
   Slot* slot = published_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
   return slot != nullptr ? slot->allocator.get() : nullptr;
+}
+
+GraphPools& PluginState::pools(int device) {
+  allocator(device);
+  return *published_[static_cast<std::size_t>(device)].load(std::memory_order_acquire)->pools;
+}
+
+GraphPools* PluginState::existing_pools(int device) noexcept {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  Slot* slot = published_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+  return slot != nullptr ? slot->pools.get() : nullptr;
+}
+
+CaptureState& PluginState::capture(int device) {
+  allocator(device);
+  return *published_[static_cast<std::size_t>(device)].load(std::memory_order_acquire)->capture;
 }
 
 std::vector<DeviceAllocator*> PluginState::all() {

@@ -25,6 +25,8 @@
 #include "cistern/errors.hpp"
 #include "cistern/plugin.h"
 #include "cistern/sim_device.hpp"
+#include "plugin/capture_guard.hpp"
+#include "plugin/graph_pools.hpp"
 
 namespace cistern::plugin {
 
@@ -84,6 +86,13 @@ class PluginState {
       report_fallback(*slot);
     }
   }
+  /// The graph pools of `device` (Note [Graph pools] in graph_pools.hpp), created with its
+  /// allocator. Throws as `allocator` does.
+  GraphPools& pools(int device);
+  /// The graph pools of `device` if its allocator exists, else nullptr. Never throws.
+  GraphPools* existing_pools(int device) noexcept;
+  /// Which streams of `device` are being captured. Throws as `allocator` does.
+  CaptureState& capture(int device);
   /// Every allocator that exists, by ordinal.
   std::vector<DeviceAllocator*> all();
   /// The simulated device of `device` (created with its allocator). Throws `InvalidArgument`
@@ -97,10 +106,14 @@ class PluginState {
   ErrorLog& errors() noexcept { return errors_; }
 
  private:
+  // Members in the order of construction: each one's destructor may still use those above.
   struct Slot {
     std::unique_ptr<Device> device;
     SimDevice* sim = nullptr;  ///< device, when simulated
+    std::unique_ptr<CaptureState> capture;
+    std::unique_ptr<CaptureGuardDevice> guard;  ///< the general allocator's view of device
     std::unique_ptr<DeviceAllocator> allocator;
+    std::unique_ptr<GraphPools> pools;
     /// The engine runs and has not been seen to fall back (cleared once it has been said).
     std::atomic<bool> engine{false};
   };
