@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+"""Checks issue 22's memory rules on workloads that are not in ../shared.
+
+The shared traces chose the engine's rules; these workloads did not. The script writes 28 of
+them (seeded, so every run writes the same ones), replays each with cistern's defaults, PyTorch's
+default allocator and PyTorch's expandable segments (`--min-capacity`, simulated device, cold
+start), and counts, for cistern's min_capacity:
+
+  - at most expandable segments' + 0.5% of peak_live;
+  - at most expandable segments';
+  - at most 1.02 x peak_live;
+  - at most PyTorch's default's;
+  - the worst min_capacity / peak_live (issue 22: at most 1.04).
+
+Issue 22 asks each rule to hold on at least 95% of the workloads. The families:
+
+  holes_100m_S   blocks of 60-140 MiB fill the device, half of them at random are freed, then a
+                 request of half the freed bytes (the textbook case), three cycles;
+  holes_odd_S    the same with 3-40 MiB blocks, most not multiples of 2 MiB, four cycles;
+  huge_S         60 tensors of 1 MiB to 6 GiB with random overlapping lifetimes;
+  rand_S         3000 lifetimes of 512 B to 256 MiB, log-uniform sizes, lifetimes of 1-1024;
+  rand_small_S   4000 lifetimes of 512 B to 2 MiB (the small pool);
+  mixed_S        400 tensors of 4 KiB to 2 GiB;
+  transformer_*  scripts/synth_trace.py training steps, up to a 128,000-word vocabulary.
+
+Usage: scripts/heldout.py [--cistern build/src/cli/cistern] [--out results/heldout]
+Writes OUT/*.csv|*.trace.gz (the workloads), OUT/replay.json (the CLI's JSON) and OUT/summary.json
+(each rule: how many hold, which do not); prints a table. Exit status 1 when a rule holds on fewer
+than 95% of the workloads.
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+
+MiB = 1 << 20
+EXPANDABLE = "torch:expandable_segments=true"
+POLICIES = f"cistern,torch,{EXPANDABLE}"
+SHARE = 0.95  # issue 22: each rule on at least 95% of the workloads
+
+
+def write_lifetimes(path, items):
+    """A lifetime list: one (first, last, size) per allocation, in cistern's CSV form."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("id,lower,upper,size\n")
+        for i, (lo, hi, size) in enumerate(items):
+            f.write(f"{i},{lo},{hi},{size}\n")
+
+
+def holes_then_big(seed, smallest, largest, blocks, cycles):
+    r = random.Random(seed)
+    t, items = 0, []
+    for _ in range(cycles):
+        made = []
+        for _ in range(blocks):
+            made.append((t, r.randint(smallest, largest)))
+            t += 1
+        freed, live = 0, []
+        for start, size in made:
+            if r.random() < 0.5:
+                items.append((start, t, size))
+                freed += size
+            else:
+                live.append((start, size))
+        t += 1
+        items.append((t, t + 2, max(freed // 2, 1)))
+        t += 3
+        for start, size in live:
+            items.append((start, t, size))
+        t += 1
+    return items
+
+
+def tensors(seed, count, lo_log2, hi_log2, span):
+    r = random.Random(seed)
+    items = []
+    for _ in range(count):
+        size = int(2 ** r.uniform(lo_log2, hi_log2))
+        start = r.randint(0, span)
+        items.append((start, start + r.randint(1, span // 4), size))
+    return items
+
+
+def lifetimes(seed, count, hi_log2, span):
+    r = random.Random(seed)
+    items = []
+    for _ in range(count):
+        size = int(2 ** r.uniform(9, hi_log2))
+        start = r.randint(0, span)
+        items.append((start, start + int(2 ** r.uniform(0, 10)), size))
+    return items
+
+
+TRANSFORMERS = {  # name: synth_trace.py arguments
+    "transformer_12l_768h": ["--layers", "12", "--hidden", "768", "--heads", "12", "--seq", "512",
+                             "--batch", "8", "--vocab", "50257"],
+    "transformer_24l_1024h": ["--layers", "24", "--hidden", "1024", "--heads", "16", "--seq",
+                              "1024", "--batch", "4", "--vocab", "50257"],
+    "transformer_8l_2048h": ["--layers", "8", "--hidden", "2048", "--heads", "16", "--seq", "2048",
+                             "--batch", "2", "--vocab", "128000"],
+    "transformer_4l_512h": ["--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "128",
+                            "--batch", "32", "--vocab", "32000"],
+}
+
+
+def write_workloads(out):
+    paths = []
+    for seed in range(4):
+        lists = {
+            f"holes_100m_{seed}": holes_then_big(seed, 60 * MiB, 140 * MiB, 30, 3),
+            f"holes_odd_{seed}": holes_then_big(100 + seed, 3 * MiB, 40 * MiB, 80, 4),
+            f"huge_{seed}": tensors(200 + seed, 60, 20, 32.5, 400),
+            f"rand_{seed}": lifetimes(300 + seed, 3000, 28, 6000),
+            f"rand_small_{seed}": lifetimes(400 + seed, 4000, 21, 6000),
+            f"mixed_{seed}": tensors(500 + seed, 400, 12, 31, 2000),
+        }
+        for name, items in lists.items():
+            path = os.path.join(out, name + ".csv")
+            write_lifetimes(path, items)
+            paths.append(path)
+    synth = os.path.join(os.path.dirname(os.path.abspath(__file__)), "synth_trace.py")
+    for name, args in TRANSFORMERS.items():
+        path = os.path.join(out, name + ".trace.gz")
+        subprocess.run([sys.executable, synth, *args, "-o", path], check=True)
+        paths.append(path)
+    return paths
+
+
+def count(rows):
+    """The rules over the replayed rows: {rule: {"holds": n, "misses": [(workload, figure)]}}."""
+    by_trace = {}
+    for row in rows:
+        by_trace.setdefault(os.path.basename(row["trace"]), {})[row["policy"]] = row
+    rules = {key: {"holds": 0, "misses": []} for key in
+             ("vs_expandable_slack", "vs_expandable", "tight", "vs_torch")}
+    worst, n, table = (0.0, None), 0, []
+    for name, policies in sorted(by_trace.items()):
+        c, e, t = (policies.get(p) for p in ("cistern", EXPANDABLE, "torch"))
+        live = c and c.get("peak_live")
+        if not live or not all(x and x.get("min_capacity") for x in (c, e, t)):
+            for rule in rules.values():
+                rule["misses"].append((name, "no figure"))
+            n += 1
+            continue
+        n += 1
+        cm, em, tm = (x["min_capacity"] / live for x in (c, e, t))
+        table.append((name, cm, em, tm))
+        worst = max(worst, (cm, name))
+        checks = {"vs_expandable_slack": cm <= em + 0.005 + 1e-12, "vs_expandable": cm <= em,
+                  "tight": cm <= 1.02 + 1e-12, "vs_torch": cm <= tm}
+        for key, ok in checks.items():
+            if ok:
+                rules[key]["holds"] += 1
+            else:
+                rules[key]["misses"].append((name, f"{cm:.4f} x peak_live; expandable {em:.4f}, "
+                                                   f"torch {tm:.4f}"))
+    return n, rules, worst, table
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cistern", default="build/src/cli/cistern")
+    p.add_argument("--out", default="results/heldout")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    paths = write_workloads(a.out)
+    replay = os.path.join(a.out, "replay.json")
+    subprocess.run([a.cistern, "replay", "--quiet", "--policy", POLICIES, "--min-capacity",
+                    "--json", replay, *paths], check=True, stdout=subprocess.DEVNULL)
+    with open(replay, encoding="utf-8") as f:
+        rows = json.load(f)["results"]
+    n, rules, worst, table = count(rows)
+    print(f"{'workload':32s} {'cistern':>8s} {'expand.':>8s} {'torch':>8s}  (min_capacity / "
+          "peak_live)")
+    for name, cm, em, tm in table:
+        print(f"{name:32s} {cm:8.4f} {em:8.4f} {tm:8.4f}")
+    names = {"vs_expandable_slack": "at most expandable segments' + 0.5% of peak_live",
+             "vs_expandable": "at most expandable segments'", "tight": "at most 1.02 x peak_live",
+             "vs_torch": "at most PyTorch's default's"}
+    failed = False
+    for key, rule in rules.items():
+        ok = rule["holds"] >= SHARE * n
+        failed |= not ok
+        misses = "; ".join(f"{w} ({why})" for w, why in rule["misses"])
+        print(f"{'met' if ok else 'NOT MET'}: min_capacity {names[key]} on {rule['holds']} of {n}"
+              f"{' - not on ' + misses if misses else ''}")
+    print(f"worst min_capacity / peak_live: {worst[0]:.4f} ({worst[1]}; issue 22: at most 1.04)")
+    with open(os.path.join(a.out, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump({"workloads": n, "rules": rules, "worst": {"ratio": worst[0], "workload": worst[1]},
+                   "share": SHARE}, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
