@@ -12,6 +12,16 @@ or, for a region only (PyTorch >= 2.5, Unix):
 `enable()` must run before PyTorch allocates any CUDA memory (PyTorch refuses to swap an
 allocator that is in use).
 
+CUDA graphs. Where PyTorch's CUDAPluggableAllocator has the graph pool hooks
+(set_begin_allocate_to_pool, set_end_allocate_to_pool_fn, set_release_pool), enable() sets them:
+a capture's allocations come from that graph's private pool in cistern, kept for its replays
+and never handed elsewhere, given back when the graph is reset and nothing in the pool is live
+(see the README). torch.compile(mode="reduce-overhead") needs
+torch._inductor.config.triton.cudagraph_trees = False under any pluggable allocator: cudagraph
+trees ask the allocator for checkpoints (getCheckpointState), which CUDAPluggableAllocator
+refuses; without them inductor captures with torch.cuda.graph, which the hooks serve
+(scripts/gpu_frameworks.py checks both on a GPU).
+
 Statistics. Under a pluggable allocator PyTorch's own torch.cuda.memory_stats() and the calls
 built on it raise. enable() therefore has cistern answer them, with PyTorch's key names and
 semantics: torch.cuda.memory_stats(), memory_allocated(), max_memory_allocated(),
@@ -198,13 +208,29 @@ def oom_route_detail():
     return _route_detail
 
 
-def _pluggable(torch, path, malloc_name, free_name):
+# PyTorch's CUDA graph hooks and the plug-in's C++ functions of the types PyTorch casts them to
+# (torch/csrc/cuda/Module.cpp: void(int, MempoolId_t, std::function<bool(cudaStream_t)>) and
+# void(int, MempoolId_t)). PyTorch versions before them named (and typed) them otherwise
+# (set_begin_allocate_stream_to_pool): those are left unset.
+GRAPH_HOOKS = (("set_begin_allocate_to_pool", "cistern_torch_begin_allocate_to_pool"),
+               ("set_end_allocate_to_pool_fn", "cistern_torch_end_allocate_to_pool"),
+               ("set_release_pool", "cistern_torch_release_pool"))
+
+
+def _pluggable(torch, path, malloc_name, free_name, graph_hooks=False):
     pluggable = torch.cuda.memory.CUDAPluggableAllocator(path, malloc_name, free_name)
     raw = pluggable.allocator()
     hooks = [("set_init_fn", "cistern_init"), ("set_reset_fn", "cistern_empty_cache"),
              ("set_memory_fraction_fn", "cistern_set_memory_fraction"),
              ("set_record_stream_fn", "cistern_record_stream"),
              ("set_base_alloc_fn", "cistern_base_allocation")]
+    if graph_hooks:  # the global allocator only: under a MemPool PyTorch's own pools serve graphs
+        hooks += GRAPH_HOOKS
+        if not all(hasattr(raw, method) for method, _ in GRAPH_HOOKS):
+            logger.warning("cistern.torch: this PyTorch's CUDAPluggableAllocator has no CUDA graph "
+                           "pool hooks (set_begin_allocate_to_pool): under cistern an allocation "
+                           "that needs new memory during a graph capture fails, saying so; "
+                           "capture graphs under PyTorch's own allocator instead")
     for method, function in hooks:
         if hasattr(raw, method):  # older PyTorch versions lack some
             getattr(raw, method)(_hook(function))
@@ -215,17 +241,18 @@ def allocator():
     """The CUDAPluggableAllocator that enable() installs: allocation through cistern's PyTorch
     glue (or, without it, the plug-in's cistern_malloc_or_throw), never a NULL for PyTorch to
     hand on; every optional hook set (init, empty_cache, memory fraction, record_stream, base
-    allocation). Made once."""
+    allocation) and, where PyTorch has them, the CUDA graph pool hooks (torch.cuda.graph and
+    torch.compile's CUDA graphs allocate from a private pool per graph). Made once."""
     global _allocator
     if _allocator is None:
         torch = _torch()
         _choose_route(torch)
         if _glue:
             _allocator = _pluggable(torch, _glue.path, "cistern_torch_malloc",
-                                    "cistern_torch_free")
+                                    "cistern_torch_free", graph_hooks=True)
         else:
             _allocator = _pluggable(torch, library_path(), "cistern_malloc_or_throw",
-                                    "cistern_free")
+                                    "cistern_free", graph_hooks=True)
     return _allocator
 
 

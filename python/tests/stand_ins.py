@@ -23,9 +23,14 @@ class TorchStandIn:
     `builds` ({"cistern_torch_glue_pool": path or an exception}). Its statistics calls
     (torch.cuda.memory_stats, memory_allocated, ..., memory_summary, on torch.cuda and
     torch.cuda.memory) behave as PyTorch's do under a pluggable allocator: they raise
-    RuntimeError(PLUGGABLE_STATS_ERROR)."""
+    RuntimeError(PLUGGABLE_STATS_ERROR). The pluggable allocator's raw object takes every set_*
+    hook; with `graph_hooks=False` it lacks the CUDA graph ones (set_begin_allocate_to_pool,
+    set_end_allocate_to_pool_fn, set_release_pool), as older PyTorch versions do."""
 
-    def __init__(self, builds, version="2.11.0+standin"):
+    GRAPH_HOOKS = ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn",
+                   "set_release_pool")
+
+    def __init__(self, builds, version="2.11.0+standin", graph_hooks=True):
         self.builds = builds
         self.calls = []
         torch = types.ModuleType("torch")
@@ -42,6 +47,8 @@ class TorchStandIn:
 
             def __getattr__(self, name):
                 if not name.startswith("set_"):
+                    raise AttributeError(name)
+                if not graph_hooks and name in TorchStandIn.GRAPH_HOOKS:
                     raise AttributeError(name)
                 return lambda address: self.hooks.__setitem__(name, address)
 

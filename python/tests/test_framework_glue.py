@@ -59,12 +59,21 @@ class SimulatedBackend(unittest.TestCase):
         return cistern.memory_stats(0)["allocated_bytes.all.current"]
 
 
+GRAPH_HOOKS = {"set_begin_allocate_to_pool": "cistern_torch_begin_allocate_to_pool",
+               "set_end_allocate_to_pool_fn": "cistern_torch_end_allocate_to_pool",
+               "set_release_pool": "cistern_torch_release_pool"}
+
+
 class TorchRoutes(SimulatedBackend):
-    def hooks_are_the_plugins(self, pluggable):
+    def hooks_are_the_plugins(self, pluggable, graph_hooks=True):
+        """The pluggable allocator's hooks are the plug-in's functions; enable()'s also has the
+        CUDA graph hooks (a MemPool's allocator does not: PyTorch's own pools serve graphs)."""
         expected = {"set_init_fn": "cistern_init", "set_reset_fn": "cistern_empty_cache",
                     "set_memory_fraction_fn": "cistern_set_memory_fraction",
                     "set_record_stream_fn": "cistern_record_stream",
                     "set_base_alloc_fn": "cistern_base_allocation"}
+        if graph_hooks:
+            expected.update(GRAPH_HOOKS)
         self.assertEqual(pluggable.allocator().hooks,
                          {k: plugin_address(v) for k, v in expected.items()})
 
@@ -114,7 +123,7 @@ class TorchRoutes(SimulatedBackend):
         [pluggable] = torch.called("pluggable")
         self.assertEqual(pluggable[1:], (GLUE, "cistern_torch_pool_malloc", "cistern_torch_free"))
         self.assertIs(pool.allocator, cistern.torch.pool_allocator().allocator())
-        self.hooks_are_the_plugins(cistern.torch.pool_allocator())
+        self.hooks_are_the_plugins(cistern.torch.pool_allocator(), graph_hooks=False)
         self.assertEqual(torch.called("use_mem_pool"), [("use_mem_pool", pool, 0)])
         self.assertEqual(len(torch.called("init")), 1)  # the devices exist before the observer
         self.assertTrue(cistern.torch._pool_observer)
@@ -165,6 +174,39 @@ class TorchRoutes(SimulatedBackend):
         self.assertEqual(torch.called("load"), [])
         self.assertEqual(cistern.torch.oom_route(), "fallback")
         self.assertIn("CISTERN_TORCH_EXTENSION=0", cistern.torch.oom_route_detail())
+
+    def test_enable_sets_the_graph_hooks_to_the_plugins_cpp_functions(self):
+        os.environ["CISTERN_TORCH_EXTENSION"] = "0"
+        torch = TorchStandIn({})
+        with installed(torch):
+            cistern.torch.enable()
+        [change] = torch.called("change")
+        hooks = change[1].allocator().hooks
+        for method, function in GRAPH_HOOKS.items():
+            self.assertEqual(hooks[method], plugin_address(function), method)
+        # What PyTorch's capture does through them, here through the plug-in's C functions: a
+        # pool begun, an allocation in it, the pool released once nothing in it is live.
+        lib = self.lib
+        for name in ("cistern_begin_allocate_to_pool", "cistern_end_allocate_to_pool",
+                     "cistern_release_pool"):
+            getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64] + (
+                [ctypes.c_void_p, ctypes.c_void_p] if "begin" in name else [])
+        self.assertEqual(lib.cistern_begin_allocate_to_pool(0, 1, 0, None, None), 0)
+        ptr = lib.cistern_malloc(4096, 0, None)
+        self.assertEqual(lib.cistern_end_allocate_to_pool(0, 1, 0), 0)
+        self.assertEqual(self.allocated(), 4096)
+        self.assertEqual(lib.cistern_release_pool(0, 1, 0), 0)
+        lib.cistern_free(ptr, 4096, 0, None)
+        self.assertEqual(cistern.memory_stats(0)["reserved_bytes.all.current"], 0)
+
+    def test_an_older_pytorch_without_graph_hooks_gets_the_others_and_a_warning(self):
+        os.environ["CISTERN_TORCH_EXTENSION"] = "0"
+        torch = TorchStandIn({}, graph_hooks=False)
+        with installed(torch), self.assertLogs("cistern.torch", "WARNING") as logs:
+            cistern.torch.enable()
+        self.hooks_are_the_plugins(cistern.torch.allocator(), graph_hooks=False)
+        self.assertTrue(any("no CUDA graph pool hooks" in line for line in logs.output),
+                        logs.output)
 
     def test_the_build_is_tried_once_per_process(self):
         error = RuntimeError("no compiler")

@@ -2,6 +2,7 @@
 """libcistern_plugin.so from Python ctypes on the simulated backend (CISTERN_BACKEND=sim,
 1 GiB per device): allocation, frees on streams, statistics, misuse, concurrent callers, and
 the snapshot read back with the standard library's pickle."""
+import ctypes
 import os
 import threading
 import unittest
@@ -50,6 +51,30 @@ class PluginTest(unittest.TestCase):
         cistern.reset_accumulated_memory_stats(0)
         self.assertEqual(self.stat("allocation.all.allocated"), 0)
         self.assertEqual(cistern.misuse_count(), 0)
+        self.assertEqual(cistern.last_error(), "")
+
+    def test_graph_pool_keeps_its_blocks_and_gives_them_back_when_released(self):
+        lib = self.lib
+        Filter = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+        lib.cistern_begin_allocate_to_pool.argtypes = [ctypes.c_int, ctypes.c_uint64,
+                                                       ctypes.c_uint64, Filter, ctypes.c_void_p]
+        for name in ("cistern_end_allocate_to_pool", "cistern_release_pool"):
+            getattr(lib, name).argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+        lib.cistern_sim_create_stream.restype = ctypes.c_void_p
+        lib.cistern_sim_create_stream.argtypes = [ctypes.c_int]
+        captured = lib.cistern_sim_create_stream(0)
+        accepts = Filter(lambda context, stream: int(stream == captured))
+        self.assertEqual(lib.cistern_begin_allocate_to_pool(0, 3, 0, accepts, None), 0)
+        in_pool = lib.cistern_malloc(1000, 0, captured)
+        general = lib.cistern_malloc(1000, 0, None)  # the filter refuses the default stream
+        self.assertEqual(lib.cistern_end_allocate_to_pool(0, 3, 0), 0)
+        lib.cistern_free(in_pool, 1000, 0, captured)
+        lib.cistern_free(general, 1000, 0, None)
+        self.assertEqual(self.stat("reserved_bytes.all.current"), 4 * MiB)  # pool's and general
+        cistern.empty_cache()  # a pool in use keeps its memory for its graph's replays
+        self.assertEqual(self.stat("reserved_bytes.all.current"), 2 * MiB)
+        self.assertEqual(lib.cistern_release_pool(0, 3, 0), 0)
+        self.assertEqual(self.stat("reserved_bytes.all.current"), 0)
         self.assertEqual(cistern.last_error(), "")
 
     def test_out_of_memory_returns_null(self):
