@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cistern/caching_allocator.hpp"
@@ -33,6 +34,27 @@ struct Recording {
   std::string pickle;
   std::string native;
 };
+
+/// Gives the history PyTorch's frames: a few stacks shared by many events (written once, then
+/// memo references), so that the fuzzers start from the readers' frames path too.
+void with_frames(cistern::DeviceRecord& record) {
+  using Action = cistern::HistoryEntry::Action;
+  cistern::StackTable& table = record.stacks;
+  const std::uint32_t inner = table.frame_id("model.py", 12, "forward");
+  const std::uint32_t outer = table.frame_id("train.py", 40, "main");
+  const std::uint32_t stacks[] = {0, table.stack_id({inner, outer}), table.stack_id({outer})};
+  std::unordered_map<std::uintptr_t, std::uint32_t> live;
+  std::size_t allocs = 0;
+  for (cistern::HistoryEntry& entry : record.history) {
+    if (entry.action == Action::alloc) {
+      entry.stack = stacks[allocs++ % 3];
+      live[entry.addr] = entry.stack;
+    } else if (entry.action == Action::free_requested || entry.action == Action::free_completed) {
+      const auto found = live.find(entry.addr);
+      if (found != live.end()) entry.stack = found->second;
+    }
+  }
+}
 
 Recording record(std::uint64_t seed, int operations) {
   cistern::SimDevice device;
@@ -59,7 +81,12 @@ Recording record(std::uint64_t seed, int operations) {
     }
   }
   Recording out;
-  out.pickle = cistern::pytorch_snapshot_pickle(allocator);
+  cistern::DeviceRecord record;
+  record.device = allocator.device_index();
+  record.snapshot = allocator.snapshot();
+  record.history = allocator.history();
+  with_frames(record);
+  out.pickle = cistern::pytorch_snapshot_pickle({record}, allocator.config());
   const cistern::trace::Trace trace =
       cistern::trace::trace_from_history(allocator.history(), nullptr, 0, "corpus");
   std::ostringstream text;
