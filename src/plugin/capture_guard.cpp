@@ -122,6 +122,13 @@ Status CaptureGuardDevice::obtain(Call&& call) noexcept {
   return Status::invalid_argument;
 }
 
+template <class Call>
+Status CaptureGuardDevice::relaxed_in_pool(Call&& call) noexcept {
+  if (role_ == GuardRole::general || MallocScope::current() == nullptr) return call();
+  const RelaxedCaptureMode relaxed;
+  return call();
+}
+
 std::string CaptureGuardDevice::last_error() const {
   const MallocScope* scope = MallocScope::current();
   if (scope != nullptr && scope->refused_for_capture()) {
@@ -136,11 +143,7 @@ Status CaptureGuardDevice::allocate(std::size_t bytes, void** ptr) noexcept {
 
 // Address space is not memory: only a graph pool's relaxed mode applies.
 Status CaptureGuardDevice::reserve(std::size_t bytes, std::size_t alignment, void** va) noexcept {
-  if (role_ == GuardRole::general || MallocScope::current() == nullptr) {
-    return upstream_.reserve(bytes, alignment, va);
-  }
-  const RelaxedCaptureMode relaxed;
-  return upstream_.reserve(bytes, alignment, va);
+  return relaxed_in_pool([&] { return upstream_.reserve(bytes, alignment, va); });
 }
 
 Status CaptureGuardDevice::create_physical(std::size_t bytes, PhysicalHandle* handle) noexcept {
@@ -149,20 +152,16 @@ Status CaptureGuardDevice::create_physical(std::size_t bytes, PhysicalHandle* ha
 
 // Maps put memory already created under addresses: only a graph pool's relaxed mode applies.
 Status CaptureGuardDevice::map(void* va, PhysicalHandle handle) noexcept {
-  if (role_ == GuardRole::general || MallocScope::current() == nullptr) {
-    return upstream_.map(va, handle);
-  }
-  const RelaxedCaptureMode relaxed;
-  return upstream_.map(va, handle);
+  return relaxed_in_pool([&] { return upstream_.map(va, handle); });
+}
+
+Status CaptureGuardDevice::query_event(Event event) noexcept {
+  return relaxed_in_pool([&] { return upstream_.query_event(event); });
 }
 
 Status CaptureGuardDevice::map_run(void* va, const PhysicalHandle* handles,
                                    std::size_t count) noexcept {
-  if (role_ == GuardRole::general || MallocScope::current() == nullptr) {
-    return upstream_.map_run(va, handles, count);
-  }
-  const RelaxedCaptureMode relaxed;
-  return upstream_.map_run(va, handles, count);
+  return relaxed_in_pool([&] { return upstream_.map_run(va, handles, count); });
 }
 
 }  // namespace cistern::plugin

@@ -14,7 +14,8 @@
 //     being captured - no pool was begun for it, and memory obtained there would be reused
 //     outside the graph; `refused_for_capture()` then says so and `last_error()` says why;
 //   - a graph pool's: run in cudaStreamCaptureModeRelaxed, as PyTorch's cudaMalloc during capture
-//     does (the default global mode forbids cudaMalloc while any stream is captured).
+//     does (the default global mode forbids cudaMalloc while any stream is captured); so do its
+//     event queries (a pool's blocks freed with record_stream uses wait for events).
 #pragma once
 
 #include <cstddef>
@@ -102,7 +103,7 @@ class CaptureGuardDevice : public Device {
   Status record_event(Event event, Stream stream) noexcept override {
     return upstream_.record_event(event, stream);
   }
-  Status query_event(Event event) noexcept override { return upstream_.query_event(event); }
+  Status query_event(Event event) noexcept override;
   Status synchronize_event(Event event) noexcept override {
     return upstream_.synchronize_event(event);
   }
@@ -118,6 +119,9 @@ class CaptureGuardDevice : public Device {
   /// Runs `call` (a device call that obtains memory) as the role requires.
   template <class Call>
   Status obtain(Call&& call) noexcept;
+  /// Runs `call` in relaxed capture mode for a graph pool's malloc, as it is otherwise.
+  template <class Call>
+  Status relaxed_in_pool(Call&& call) noexcept;
 
   Device& upstream_;
   const CaptureState& capture_;
