@@ -71,9 +71,9 @@ GraphPools::GraphPools(Device& device, const Config& config, const CaptureState&
 GraphPools::~GraphPools() = default;
 
 const char* GraphPools::capture_oom_note() noexcept {
-  return " The request came from a CUDA graph's pool during the capture, where cistern does not "
-         "free the general pool's cache (freeing memory would break the capture, as in PyTorch): "
-         "call torch.cuda.empty_cache() before capturing.";
+  return " During a capture cistern does not free the general pool's cache (freeing memory "
+         "would break the capture, as in PyTorch): call torch.cuda.empty_cache() before "
+         "capturing.";
 }
 
 GraphPools::Pool& GraphPools::find(PoolId id, const char* what) {

@@ -254,8 +254,13 @@ Attempt attempt_malloc(std::size_t size, int device, cistern_stream_t stream) no
           // A size no device has is refused before the device is asked: its own message says so.
           if (e.info().device_total == 0) throw;
           std::string message = oom_message(e.info());
-          if (pooled && state.capture(device).is_capturing(Stream(stream))) {
-            message += GraphPools::capture_oom_note();
+          if (pooled) {
+            message +=
+                " The request was for a CUDA graph's private pool; the figures above are "
+                "that pool's.";
+            if (state.capture(device).is_capturing(Stream(stream))) {
+              message += GraphPools::capture_oom_note();
+            }
           }
           throw OutOfMemory(e.info(), message);
         } catch (const DeviceError&) {

@@ -261,6 +261,7 @@ TEST_F(GraphPools, DuringACaptureThePoolDoesNotEmptyTheGeneralCacheAndSaysSo) {
   EXPECT_NE(std::string(message).find("torch.cuda.empty_cache() before capturing"),
             std::string::npos)
       << message;
+  EXPECT_NE(std::string(message).find("a CUDA graph's private pool"), std::string::npos) << message;
   EXPECT_EQ(reserved(), 600 * kMiB + 2 * kMiB);  // the general pool's cache is still there
   ASSERT_EQ(cistern_end_allocate_to_pool(0, 9, 0), CISTERN_OK);
   ASSERT_EQ(cistern_sim_set_capturing(0, s, 0), CISTERN_OK);
