@@ -784,6 +784,10 @@ TEST_F(Cli, HtmlReportIsSelfContainedAndCarriesTheData) {
   EXPECT_LT(page.size(), 4u << 20);
 }
 
+std::string fmt_stacks(std::size_t stacks) {
+  return "call stacks               " + std::to_string(stacks) + " distinct, for ";
+}
+
 /// The JSON a report embeds under `id` (a <script type="application/json"> element).
 json embedded_json(const std::string& page, const std::string& id) {
   const std::string open = "<script type=\"application/json\" id=\"" + id + "\">";
@@ -846,6 +850,18 @@ TEST_F(Cli, HtmlReportNamesTheLargestBlocksAtEachPeakWithTheirFrames) {
   }
   EXPECT_NE(page.find("<b>" + t.stacks.frame(expected[0]).name + "</b>"), std::string::npos);
   EXPECT_EQ(page.find("http://"), std::string::npos);
+}
+
+TEST_F(Cli, InfoCountsTheCallStacks) {
+  REQUIRE_TRACES();
+  const std::string path = trace("pytorch/DeComFL/memory.pickle.gz");
+  const cistern::trace::Trace t = cistern::trace::read_trace(path);
+  const Outcome text = run("info " + quote(path));
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find(fmt_stacks(t.stacks.size() - 1)), std::string::npos) << text.out;
+  const json doc = json::parse(run("info --json " + quote(path)).out);
+  EXPECT_EQ(doc.at("stacks"), t.stacks.size() - 1);
+  EXPECT_EQ(doc.at("allocations_with_stacks"), t.live_before.size() + t.allocations());
 }
 
 TEST_F(Cli, ReplaySnapshotKeepsTheInputsFrames) {

@@ -182,6 +182,25 @@ std::string recorded_text(const trace::Trace& t) {
   return out;
 }
 
+/// The number of allocations (live before the window and in it) whose call stack is known.
+std::size_t with_stacks(const trace::Trace& t) {
+  std::size_t count = 0;
+  for (const std::uint32_t stack : t.alloc_stacks) count += stack != 0 ? 1 : 0;
+  return count;
+}
+
+/// Whether the snapshot carries call stacks (`frames`), and where they show.
+std::string stacks_text(const trace::Trace& t) {
+  if (t.alloc_stacks.empty()) {
+    return "  call stacks               none: record them with "
+           "torch.cuda.memory._record_memory_history(stacks=\"python\")\n";
+  }
+  return fmt::format(
+      "  call stacks               {} distinct, for {} of {} allocations (shown by replay --html, "
+      "kept by replay --snapshot)\n",
+      t.stacks.size() - 1, with_stacks(t), t.live_before.size() + t.allocations());
+}
+
 std::string info_text(const trace::Trace& t, const std::vector<int>& devices) {
   const Summary s = summarize(t);
   std::string out = t.source + "\n";
@@ -208,6 +227,7 @@ std::string info_text(const trace::Trace& t, const std::vector<int>& devices) {
   out += fmt::format("  allocations               {} ({} distinct sizes, largest {}, {} in all)\n",
                      s.ops[0], s.distinct_sizes.size(), format_bytes(s.largest),
                      format_bytes(s.allocated_bytes));
+  if (t.format == "pytorch") out += stacks_text(t);
   out += recorded_text(t);
   return out + histogram_text(s.sizes);
 }
@@ -222,6 +242,8 @@ nlohmann::ordered_json info_json(const trace::Trace& t, const std::vector<int>& 
   j["streams"] = t.streams;
   j["events"] = t.events.size();
   j["has_history"] = t.recorded.has_history;
+  j["stacks"] = t.stacks.size() - 1;
+  j["allocations_with_stacks"] = with_stacks(t);
   j["allocs"] = s.ops[0];
   j["frees"] = s.ops[1];
   j["synchronizes"] = s.ops[2];
