@@ -10,6 +10,7 @@ PyTorch's own `_record_memory_history(stacks="python")` does, and answers the id
 the plug-in's table; each distinct stack is handed to the plug-in once (`cistern_add_stack`), so
 an allocation from a known stack costs one frame walk and one dict lookup. A thread with no
 Python frames (PyTorch's autograd workers during backward) gets no frames."""
+import atexit
 import ctypes
 import sys
 
@@ -78,10 +79,14 @@ def _hook():
 def enable(max_entries):
     """Starts taking each allocation's Python stack (the newest `max_entries` per device)."""
     global _callback
+    first = _callback is None
     callback = _callback or STACK_HOOK(_hook)
     code = _functions()[0](ctypes.cast(callback, ctypes.c_void_p), max_entries)
     if code == 0:
         _callback = callback
+        if first:
+            # An allocation after the interpreter is gone must not call back into it.
+            atexit.register(disable)
     return code
 
 
