@@ -2,8 +2,9 @@
 //
 // The process-wide state behind the plug-in's C ABI (include/cistern/plugin.h): the backend and
 // configuration read from the environment, one device and caching allocator per device ordinal
-// (created on first use) with its CUDA graph pools (graph_pools.hpp), and the last error. A free is checked against its allocation (size,
-// device) through the allocator's own pointer map before anything is changed.
+// (created on first use) with its CUDA graph pools (graph_pools.hpp), and the last error. A free is
+// checked against its allocation (size, device) through the allocator's own pointer map before
+// anything is changed.
 //
 // The state is created on first use and never destroyed at process exit: a framework may still
 // free memory from its own static destructors, after ours would have run; the driver reclaims
