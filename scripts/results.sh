@@ -5,8 +5,9 @@
 # ../shared/traces replayed with
 # `cistern replay --policy cistern,cistern:vmm=false,torch,torch:expandable_segments=true,nocache
 # --min-capacity` (PyTorch's recorded figures come with the snapshots), the real traces again with
-# --repeat 3 and on a device of torch's min_capacity, formatted by scripts/results_md.py (which
-# also counts issue 18's targets from the JSON).
+# --repeat 3 and, cistern and expandable segments, on a device of expandable segments'
+# min_capacity, formatted by scripts/results_md.py (which also counts issue 22's targets from the
+# JSON).
 #
 # Usage: scripts/results.sh
 # Environment: BUILD_DIR (default build-results; configured as Release if new, and built),
@@ -56,14 +57,17 @@ real_traces=("$traces"/pytorch/*/*.pickle.gz "$traces"/h200/*.pickle.gz "$traces
 echo "results.sh: --repeat 3" >&2
 "$cistern" replay --quiet --policy "cistern,torch,$expandable" --repeat 3 \
   --json "$out/repeat.json" "${real_traces[@]}"
-# cistern and expandable segments on a device of exactly torch's min_capacity, trace by trace
-# (exit status 4: a replay ran out of memory there; its JSON says so and the table shows it).
-rm -f "$out"/at-torch-min-*.json "$out"/at-torch-min-*.err
-python3 - "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" >"$out/torch-min.txt" <<'PY'
+# cistern and expandable segments on a device of exactly expandable segments' min_capacity, trace
+# by trace (exit status 4: a replay ran out of memory there; its JSON says so, the table shows it
+# and the target counts it as a miss).
+rm -f "$out"/at-torch-min-*.json "$out"/at-torch-min-*.err "$out"/at-expandable-min-*.json \
+  "$out"/at-expandable-min-*.err
+python3 - "$expandable" "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" \
+  >"$out/expandable-min.txt" <<'PY'
 import json, sys
-for path in sys.argv[1:]:
+for path in sys.argv[2:]:
     for row in json.load(open(path, encoding="utf-8"))["results"]:
-        if row["policy"] == "torch" and row.get("min_capacity"):
+        if row["policy"] == sys.argv[1] and row.get("min_capacity"):
             print(row["min_capacity"], row["trace"])
 PY
 n=0
@@ -71,12 +75,13 @@ while read -r capacity trace; do
   n=$((n + 1))
   status=0
   "$cistern" replay --quiet --policy "cistern,$expandable" --capacity "$capacity" \
-    --json "$out/at-torch-min-$n.json" "$trace" 2>"$out/at-torch-min-$n.err" || status=$?
+    --json "$out/at-expandable-min-$n.json" "$trace" 2>"$out/at-expandable-min-$n.err" ||
+    status=$?
   if [[ $status -ne 0 && $status -ne 4 ]]; then
-    cat "$out/at-torch-min-$n.err" >&2
+    cat "$out/at-expandable-min-$n.err" >&2
     exit "$status"
   fi
-done <"$out/torch-min.txt"
+done <"$out/expandable-min.txt"
 
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git status --porcelain -- src include CMakeLists.txt 2>/dev/null)" ]]; then
@@ -88,7 +93,7 @@ machine="$(uname -srm), ${cpu:-unknown CPU}, $(nproc) cores"
 python3 scripts/results_md.py --commit "$commit" --machine "$machine" \
   --version "$("$cistern" --version)" --example report-example.html \
   --example-trace "$example" \
-  --repeat "$out/repeat.json" --at-torch-min "$out"/at-torch-min-*.json -- \
+  --repeat "$out/repeat.json" --at-expandable-min "$out"/at-expandable-min-*.json -- \
   "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" "$out/minimalloc.json" \
   >docs/results.md
 # Which PYTORCH_CUDA_ALLOC_CONF needs the least memory on each snapshot (a section of its own).
