@@ -346,8 +346,8 @@ TEST_F(Cli, ASnapshotWithoutHistoryIsAnErrorThatSaysHowToRecordOne) {
       ": the snapshot holds no allocation history (device_traces has no events): it was dumped "
       "without recording one. Call torch.cuda.memory._record_memory_history() before the work, "
       "then torch.cuda.memory._dump_snapshot(\"memory.pickle\") after it\n";
-  for (const std::string& command : {"replay ", "replay -q --start warm -p torch ",
-                                     "replay --json - ", "advise ", "advise --json - ", "plan "}) {
+  for (const char* command : {"replay ", "replay -q --start warm -p torch ", "replay --json - ",
+                              "advise ", "advise --json - ", "plan "}) {
     const Outcome o = run(command + quote(file));
     EXPECT_EQ(o.code, 3) << command << "\n" << o.err;
     EXPECT_EQ(o.err, message) << command;
