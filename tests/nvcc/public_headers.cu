@@ -18,6 +18,7 @@
 #include "cistern/plugin.h"
 #include "cistern/pytorch_snapshot.hpp"
 #include "cistern/sim_device.hpp"
+#include "cistern/stacks.hpp"
 #include "cistern/stats.hpp"
 #include "cistern/stream_scope.hpp"
 #include "cistern/types.hpp"
@@ -78,6 +79,9 @@ void simulated() {
   cistern::HistoryEntry entry;
   entry.action = cistern::HistoryEntry::Action::segment_alloc;
   (void)cistern::to_string(entry.action);
+  cistern::StackTable stacks;
+  const std::uint32_t frame = stacks.frame_id("train.py", 42, "forward");
+  (void)stacks.stack(stacks.stack_id({frame})).size();
 }
 
 // The CCCL adaptor and the plug-in's C ABI, as CUDA code would use them.
