@@ -22,6 +22,9 @@ goes on. Per row: the out-of-memory steps, peak reserved, peak allocated, median
 and, under cistern, whether torch.cuda's own statistics calls (memory_allocated,
 max_memory_allocated, memory_reserved, max_memory_reserved, memory_stats, memory_summary) give
 cistern's figures, as enable() has them do (the report counts the runs that agree).
+Call stacks (cistern's defaults, last row): three training steps under
+cistern.torch.record_history(stacks="all"), the snapshot written and read back, and how many
+allocations carry Python frames naming the model's forward and PyTorch's C++ frames.
 CUDA graphs (native and cistern's defaults, the second row of each): a step captured with
 torch.cuda.graph and replayed four times with new inputs, each output checked against the same
 step run eagerly, and again after tensors allocated outside the graph (which must not share its
@@ -76,6 +79,7 @@ UNCAPPED = "uncapped"
 MEMPOOL = "mempool"
 GRAPHS = "graphs"
 GRAPHS_TIMEOUT = 180  # two torch.compile runs
+STACKS = "stacks"
 OOM_CHECK = "oom"
 OOM_CHECK_CAP = GiB  # the cap of the out-of-memory check: 256 MiB held, 2 GiB asked for
 
@@ -108,8 +112,8 @@ def planned_rows(framework, allocator):
     """The rows of one allocator's process, in the order they run: the fragmentation case first
     (on a fresh process), for PyTorch the out-of-memory check,
     for PyTorch's native allocator and cistern's defaults the CUDA graph check, uncapped (the base
-    of the caps), the caps from loose to tight, and for PyTorch's native allocator the MemPool
-    check last."""
+    of the caps), the caps from loose to tight, and last for PyTorch's native allocator the
+    MemPool check, for cistern's defaults the call-stack check."""
     rows = [FRAGMENTATION] + ([OOM_CHECK] if framework == "torch" else [])
     if framework == "torch" and allocator in ("native", "cistern"):
         rows.append(GRAPHS)
@@ -117,7 +121,36 @@ def planned_rows(framework, allocator):
     rows += [cap_row(f) for f in sorted(CAP_FACTORS, reverse=True)]
     if framework == "torch" and allocator == "native":
         rows.append(MEMPOOL)
+    if framework == "torch" and allocator == "cistern":
+        rows.append(STACKS)
     return rows
+
+
+def stacks_summary(snapshot, forward_names):
+    """What a snapshot written under record_history(stacks="all") says of its allocations' frames
+    (PyTorch's layout: device_traces' alloc events, each with `frames` of filename, line, name,
+    innermost first; C++ frames have line 0 and a shared object as filename): how many allocs,
+    how many with Python frames, how many of those name one of `forward_names` (the model's
+    forward functions), how many with C++ frames from PyTorch's libraries (libtorch*, libc10*)
+    before any Python frame, and how many with C++ frames only (threads without Python frames,
+    autograd's backward workers)."""
+    out = {"allocs": 0, "python": 0, "forward": 0, "torch_cpp": 0, "cpp_only": 0}
+    for trace in snapshot.get("device_traces", []):
+        for event in trace:
+            if event.get("action") != "alloc":
+                continue
+            out["allocs"] += 1
+            frames = event.get("frames") or []
+            native = [f for f in frames if f.get("line") == 0 and ".so" in f.get("filename", "")]
+            python = [f for f in frames if f.get("filename", "").endswith(".py")]
+            out["python"] += bool(python)
+            out["forward"] += any(f.get("name") in forward_names for f in python)
+            first_python = next((i for i, f in enumerate(frames) if f in python), len(frames))
+            out["torch_cpp"] += any(
+                os.path.basename(f["filename"]).startswith(("libtorch", "libc10"))
+                for f in frames[:first_python] if f in native)
+            out["cpp_only"] += bool(native) and not python
+    return out
 
 
 def cap_bytes(base_peak, factor):
@@ -267,7 +300,7 @@ def training_table(results, framework, allocators, title):
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for allocator in allocators:
         for row in planned_rows(framework, allocator):
-            if row in (FRAGMENTATION, MEMPOOL, OOM_CHECK, GRAPHS):
+            if row in (FRAGMENTATION, MEMPOOL, OOM_CHECK, GRAPHS, STACKS):
                 continue
             r = results.get((framework, allocator, row))
             if r is None:
@@ -411,6 +444,17 @@ def markdown(meta, events):
         lines += [""] + fragmentation_table(results)
     if any(row == GRAPHS for (_, _, row) in results):
         lines += [""] + graphs_table(results)
+    stacks = results.get(("torch", "cistern", STACKS))
+    if stacks:
+        lines += ["", "### cistern.torch.record_history(stacks=\"all\"): three training steps' "
+                  "snapshot", "", "- status: %s" % stacks.get("status")]
+        for key, what in (("allocs", "alloc events"), ("python", "with Python frames"),
+                          ("forward", "naming the model's forward"),
+                          ("torch_cpp", "with PyTorch's C++ frames (libtorch, libc10)"),
+                          ("cpp_only", "with C++ frames only (backward's threads)"),
+                          ("steps_s", "the three steps, seconds"), ("detail", "detail")):
+            if key in stacks:
+                lines.append("- %s: %s" % (what, _cell(str(stacks[key]))[:300]))
     lines += torch_api_lines(results)
     mempool = results.get(("torch", "native", MEMPOOL))
     if mempool:
@@ -973,8 +1017,42 @@ def torch_worker(args):
         memory.reset()
         return result
 
+    def stacks(row):
+        # record_history(stacks="all"): a few training steps, the snapshot, its frames.
+        import pickle
+        memory.reset()
+        torch.manual_seed(0)
+        model = _gpt(torch, 4096, 256, 4, 2).cuda()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        cistern_torch.record_history(stacks="all")
+        started = time.perf_counter()
+        for batch, seq in ((4, 256), (2, 512), (4, 256)):
+            tokens = torch.randint(0, 4096, (batch, seq), device="cuda")
+            loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1),
+                                                     tokens.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "stacks.pickle")
+            cistern_torch.write_snapshot(path)
+            with open(path, "rb") as f:
+                snapshot = pickle.load(f)  # written by cistern: plain values
+        cistern_torch.record_history(None)
+        result = stacks_summary(snapshot, ("forward",))
+        result["steps_s"] = round(seconds, 3)
+        if not result["allocs"] or not result["forward"] or not result["torch_cpp"]:
+            result["status"] = "error"
+            result["detail"] = "allocs %(allocs)d, naming forward %(forward)d, with PyTorch's " \
+                               "C++ frames %(torch_cpp)d" % result
+        del model, optimizer
+        memory.reset()
+        return result
+
     handlers = {FRAGMENTATION: fragmentation, MEMPOOL: mempool, OOM_CHECK: oom_check,
-                GRAPHS: graphs}
+                GRAPHS: graphs, STACKS: stacks}
     return worker.run(args.rows.split(","), lambda row: handlers.get(row, train)(row))
 
 

@@ -179,6 +179,14 @@ typedef uint32_t (*cistern_stack_hook)(void); /* NOLINT(modernize-redundant-void
  *  events' and blocks' `frames`. The hook runs on the allocating thread, outside cistern's locks,
  *  and may call `cistern_add_stack`. Returns an error code. */
 CISTERN_PLUGIN_API int cistern_set_stack_hook(cistern_stack_hook hook, size_t max_entries);
+/** Starts (`enabled` non-zero) or stops taking each allocation's native (C/C++) frames, with or
+ *  without a stack hook; keeps the stacks of each device's newest `max_entries` allocations (0:
+ *  one million). The plug-in's own frames are left out; with a hook that answers a Python stack,
+ *  the native frames from the first one in the Python interpreter on are replaced by that stack.
+ *  Native frames are named from the dynamic symbol table: filename the shared object, line 0,
+ *  name the demangled function. cistern.torch.record_history(stacks="all") sets this. Returns an
+ *  error code. */
+CISTERN_PLUGIN_API int cistern_set_native_stacks(int enabled, size_t max_entries);
 /** Adds the stack of `count` frames, innermost first (`filenames[i]`, `lines[i]`, `names[i]`:
  *  PyTorch's frame), if new, and stores its id in `*id`. Returns an error code. */
 CISTERN_PLUGIN_API int cistern_add_stack(size_t count, const char* const* filenames,

@@ -9,7 +9,12 @@ frames from the one that called into C++ (torch.empty, a layer's forward, ...) o
 PyTorch's own `_record_memory_history(stacks="python")` does, and answers the id of that stack in
 the plug-in's table; each distinct stack is handed to the plug-in once (`cistern_add_stack`), so
 an allocation from a known stack costs one frame walk and one dict lookup. A thread with no
-Python frames (PyTorch's autograd workers during backward) gets no frames."""
+Python frames (PyTorch's autograd workers during backward) gets no frames.
+
+With `native` (stacks="all"), the plug-in also takes the thread's C/C++ frames
+(`cistern_set_native_stacks`): those between the plug-in and the Python interpreter - PyTorch's
+C++ that called the allocator, the operator - come innermost, then the Python frames, each named
+from the shared objects' dynamic symbols (filename the object, line 0)."""
 import atexit
 import ctypes
 import sys
@@ -26,12 +31,14 @@ _ids = {}         # stack (a tuple of (filename, line, name), innermost first) -
 def _functions():
     lib = load()
     set_hook, add_stack = lib.cistern_set_stack_hook, lib.cistern_add_stack
-    set_hook.restype = add_stack.restype = ctypes.c_int
+    set_native = lib.cistern_set_native_stacks
+    set_hook.restype = add_stack.restype = set_native.restype = ctypes.c_int
     set_hook.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    set_native.argtypes = [ctypes.c_int, ctypes.c_size_t]
     add_stack.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p),
                           ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_char_p),
                           ctypes.POINTER(ctypes.c_uint32)]
-    return set_hook, add_stack
+    return set_hook, add_stack, set_native
 
 
 def current_stack(skip=1):
@@ -76,12 +83,16 @@ def _hook():
         return 0
 
 
-def enable(max_entries):
-    """Starts taking each allocation's Python stack (the newest `max_entries` per device)."""
+def enable(max_entries, native=False):
+    """Starts taking each allocation's Python stack (the newest `max_entries` per device), and
+    with `native` its C/C++ frames too."""
     global _callback
     first = _callback is None
     callback = _callback or STACK_HOOK(_hook)
-    code = _functions()[0](ctypes.cast(callback, ctypes.c_void_p), max_entries)
+    set_hook, _, set_native = _functions()
+    code = set_native(1 if native else 0, max_entries)
+    if code == 0:
+        code = set_hook(ctypes.cast(callback, ctypes.c_void_p), max_entries)
     if code == 0:
         _callback = callback
         if first:
@@ -92,5 +103,6 @@ def enable(max_entries):
 
 def disable():
     """Stops taking stacks; the ones taken stay for the snapshot."""
-    code = _functions()[0](None, 0)
-    return code
+    set_hook, _, set_native = _functions()
+    code = set_native(0, 0)
+    return set_hook(None, 0) if code == 0 else code

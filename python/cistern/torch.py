@@ -368,10 +368,13 @@ def record_history(enabled="all", stacks="python", max_entries=1000000):
     events for the snapshot's timeline (snapshot(), write_snapshot()), with each allocation's
     Python call stack as the events' and blocks' `frames`, so that pytorch.org/memory_viz names
     the code that allocated what. `enabled`: "all" or True to start, None or False to stop
-    ("state" records events without stacks). `stacks`: "python" (or "all": the same, cistern
-    takes no C++ frames) for stacks, None for none. `max_entries`: the newest events (and stacks)
-    kept per device. A stack costs a walk of the allocating thread's frames under the GIL per
-    allocation, as PyTorch's does; threads without Python frames (autograd's workers) get none."""
+    ("state" records events without stacks). `stacks`: "python" for the Python frames, "all" for
+    the C/C++ frames between the allocator and Python as well (named from the shared objects'
+    exported symbols: filename the object, line 0), None for none. `max_entries`: the newest
+    events (and stacks) kept per device. A stack costs a walk of the allocating thread's frames
+    under the GIL per allocation, as PyTorch's does, and "all" an unwind of its native frames;
+    threads without Python frames (autograd's workers) get their native frames with "all", none
+    with "python"."""
     from cistern import _stacks
     if stacks not in ("python", "all", None):
         raise ValueError("record_history: stacks must be 'python', 'all' or None, not %r"
@@ -379,7 +382,8 @@ def record_history(enabled="all", stacks="python", max_entries=1000000):
     on = enabled not in (None, False)
     cistern.record_history(on, max_entries)
     with_stacks = on and enabled != "state" and stacks is not None
-    code = _stacks.enable(max_entries) if with_stacks else _stacks.disable()
+    code = (_stacks.enable(max_entries, native=stacks == "all") if with_stacks
+            else _stacks.disable())
     if code != 0:
         raise cistern.CisternError(code, cistern.last_error())
 

@@ -38,6 +38,26 @@ class Plan(unittest.TestCase):
         self.assertGreaterEqual(len(set(shapes)), 24)
         self.assertTrue(all(a != b for a, b in zip(shapes, shapes[1:])))
 
+    def test_stacks_summary_counts_python_and_pytorchs_cpp_frames(self):
+        def frame(filename, line, name):
+            return {"filename": filename, "line": line, "name": name}
+
+        torch_cpp = frame("/site-packages/torch/lib/libtorch_cuda.so", 0, "at::native::empty_cuda")
+        ffi = frame("/lib/libffi.so.8", 0, "ffi_call")
+        forward = frame("/work/model.py", 21, "forward")
+        step = frame("/work/train.py", 5, "step")
+        snapshot = {"device_traces": [[
+            {"action": "alloc", "frames": [torch_cpp, forward, step]},
+            {"action": "free_requested", "frames": [torch_cpp, forward, step]},
+            {"action": "alloc", "frames": [ffi, step]},
+            {"action": "alloc", "frames": [torch_cpp]},     # backward's worker thread
+            {"action": "alloc", "frames": [step, torch_cpp]},  # C++ after Python: not counted
+            {"action": "alloc", "frames": []},
+        ]]}
+        self.assertEqual(gf.stacks_summary(snapshot, ("forward",)),
+                         {"allocs": 5, "python": 3, "forward": 1, "torch_cpp": 2, "cpp_only": 1})
+        self.assertEqual(gf.stacks_summary({}, ("forward",))["allocs"], 0)
+
     def test_the_cupy_shapes_are_fixed_and_within_bounds(self):
         shapes = gf.cupy_shapes(28)
         self.assertEqual(shapes, gf.cupy_shapes(28))
@@ -48,12 +68,13 @@ class Plan(unittest.TestCase):
         self.assertEqual(gf.planned_rows("torch", "native"),
                          ["fragmentation", "oom", "graphs", "uncapped", "cap1.20", "cap1.05",
                           "cap1.02", "cap1.01", "cap1.00", "mempool"])
-        self.assertEqual(gf.planned_rows("torch", "cistern")[-1], "cap1.00")
+        self.assertEqual(gf.planned_rows("torch", "cistern")[-2:], ["cap1.00", "stacks"])
+        self.assertNotIn("stacks", gf.planned_rows("torch", "native"))
         self.assertEqual(gf.planned_rows("torch", "cistern")[2], "graphs")
         self.assertNotIn("graphs", gf.planned_rows("torch", "cistern-classic"))
         self.assertEqual(gf.planned_rows("cupy", "cupy"),
                          [r for r in gf.planned_rows("torch", "cistern")
-                          if r not in ("oom", "graphs")])
+                          if r not in ("oom", "graphs", "stacks")])
         self.assertEqual(gf.row_factor("cap1.02"), 1.02)
         self.assertIsNone(gf.row_factor("uncapped"))
         self.assertEqual([gf.row_factor(gf.cap_row(f)) for f in gf.CAP_FACTORS],
@@ -243,7 +264,7 @@ class OrchestratorWithAStandInWorker(unittest.TestCase):
         self.assertEqual(results[("cistern", "oom")]["status"], "crashed")
         self.assertIn("exit 139", results[("cistern", "oom")]["detail"])
         self.assertIn("Segmentation fault", results[("cistern", "oom")]["detail"])
-        for row in ("uncapped", "cap1.20", "cap1.05", "cap1.02", "cap1.01", "cap1.00"):
+        for row in ("uncapped", "cap1.20", "cap1.05", "cap1.02", "cap1.01", "cap1.00", "stacks"):
             self.assertEqual(results[("cistern", row)]["status"], "skipped")
             self.assertIn("two workers in a row ended without running a row to the end",
                           results[("cistern", row)]["detail"])
@@ -255,7 +276,8 @@ class OrchestratorWithAStandInWorker(unittest.TestCase):
         self.assertEqual(results[("cistern-classic", "cap1.02")]["status"], "ok")
         self.assertEqual(results[("cistern-classic", "cap1.00")]["label"], "cistern vmm:False")
         self.assertTrue(o.failed)
-        self.assertEqual(len(results), 10 + 9 + 2 * 8)  # native and cistern: the graphs row
+        # native: the graphs and MemPool rows; cistern: the graphs and stacks rows.
+        self.assertEqual(len(results), 10 + 10 + 2 * 8)
         self.assertLess(time.monotonic() - started, 40)
         o.report()
         with open(os.path.join(self.folder.name, "frameworks.md")) as f:

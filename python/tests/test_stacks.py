@@ -100,6 +100,46 @@ class RecordHistoryStacks(SimulatedBackend):
         self.assertEqual(names[:2], ["allocate_in_layer", "<lambda>"])
         self.assertIn("run", names)
 
+    def test_all_stacks_put_the_native_callers_frames_before_the_python_ones(self):
+        with installed(self.torch):
+            cistern.torch.enable(memory_api=False)
+            malloc, free = self.pytorch_functions()
+            cistern.torch.record_history(stacks="python")
+            p = self.allocate_in_layer(malloc, 4096)
+            python_only = cistern.torch.snapshot()
+            cistern.torch.record_history(stacks="all")
+            q = self.allocate_in_layer(malloc, 8192)
+            with_native = cistern.torch.snapshot()
+            free(p, 4096, 0, None)
+            free(q, 8192, 0, None)
+        (plain,) = self.entries(python_only, "alloc")
+        (full,) = self.entries(with_native, "alloc")
+        python_frames = plain["frames"]
+        self.assertEqual(python_frames[0]["name"], "allocate_in_layer")
+        # The Python frames come last, as they were; before them the native frames between the
+        # plug-in and the interpreter (here ctypes' call into the plug-in), none of the plug-in's.
+        # The Python frames differ in the caller's line only (the test's, two calls apart).
+        first_python = next(i for i, f in enumerate(full["frames"]) if f["filename"] == HERE)
+        native, tail = full["frames"][:first_python], full["frames"][first_python:]
+        self.assertGreater(len(native), 0)
+        self.assertEqual([f["name"] for f in tail], [f["name"] for f in python_frames])
+        self.assertEqual(tail[0], python_frames[0])
+        plugin = os.path.realpath(os.environ["CISTERN_PLUGIN_LIBRARY"])
+        for frame in native:
+            self.assertEqual(frame["line"], 0)
+            self.assertTrue(frame["filename"].endswith(".so") or ".so." in frame["filename"],
+                            frame)
+            self.assertNotEqual(os.path.realpath(frame["filename"]), plugin)
+            self.assertTrue(frame["name"])
+        # Back to "python": no native frames.
+        with installed(self.torch):
+            cistern.torch.record_history(stacks="python")
+            r = self.allocate_in_layer(malloc, 4096)
+            again = cistern.torch.snapshot()
+            free(r, 4096, 0, None)
+        (last,) = self.entries(again, "alloc")
+        self.assertEqual(last["frames"][0]["name"], "allocate_in_layer")
+
     def test_bad_stacks_argument_is_refused(self):
         with self.assertRaises(ValueError):
             cistern.torch.record_history(stacks="cpp")

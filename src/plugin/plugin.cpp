@@ -505,6 +505,12 @@ int cistern_set_stack_hook(cistern_stack_hook hook, size_t max_entries) {
   });
 }
 
+int cistern_set_native_stacks(int enabled, size_t max_entries) {
+  return guarded([&] {
+    cistern::plugin::stack_log().set_native(enabled != 0, max_entries == 0 ? 1000000 : max_entries);
+  });
+}
+
 int cistern_add_stack(size_t count, const char* const* filenames, const int64_t* lines,
                       const char* const* names, uint32_t* id) {
   return guarded([&] {

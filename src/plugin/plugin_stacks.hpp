@@ -1,6 +1,7 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// Call stacks of the plug-in's allocations (cistern.torch.record_history(stacks="python")).
+// Call stacks of the plug-in's allocations (cistern.torch.record_history(stacks="python" or
+// "all")).
 //
 // The framework calls `cistern_malloc` from C++ with no Python in between, so the stack must be
 // taken by whoever can see it: the caller registers a hook (`cistern_set_stack_hook`), which the
@@ -11,6 +12,15 @@
 // entries - and `attach` gives a copy of the history its stacks when a snapshot is written: the
 // history's alloc entries and the log's pairs at one address come in the same order (an address is
 // allocated again only after it was freed), so walking both from their newest pairs them up.
+//
+// Native frames (`cistern_set_native_stacks`, stacks="all"): the plug-in takes the allocating
+// thread's return addresses itself (glibc's backtrace), drops the leading ones inside the plug-in
+// (cistern's own frames) and, when the hook answered a Python stack, those from the first frame
+// in the Python interpreter on, which that stack stands for - as PyTorch's "all" stacks put the
+// Python frames where the interpreter's are. Each address is named once, through the dynamic
+// symbol table (dladdr; demangled): the frame's filename is the shared object, its line 0 (no
+// debug information is read), its name the function's or "0x<offset>" when the object exports
+// none. A distinct (Python stack, addresses) pair is turned into a table stack once.
 #pragma once
 
 #include <atomic>
@@ -18,6 +28,8 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -32,11 +44,15 @@ class StackLog {
  public:
   /// Sets (or, with null, clears) the hook; keeps the newest `max_entries` pairs per device.
   void set_hook(cistern_stack_hook hook, std::size_t max_entries);
-  /// After an allocation of `ptr` on `device`: asks the hook for the stack and logs it. Never
-  /// throws; one relaxed load when no hook is set.
+  /// Starts or stops taking native frames (see the file comment); keeps the newest `max_entries`
+  /// pairs per device.
+  void set_native(bool on, std::size_t max_entries);
+  /// After an allocation of `ptr` on `device`: takes the stack (the hook's, native frames) and
+  /// logs it. Never throws; two relaxed loads when no stacks are taken.
   void note(int device, void* ptr) noexcept {
     const cistern_stack_hook hook = hook_.load(std::memory_order_acquire);
-    if (hook != nullptr && ptr != nullptr) log(device, ptr, hook());
+    const bool native = native_.load(std::memory_order_relaxed);
+    if ((hook != nullptr || native) && ptr != nullptr) take(device, ptr, hook, native);
   }
   /// The id of the stack of these frames (innermost first), added if new.
   std::uint32_t add_stack(std::size_t count, const char* const* filenames,
@@ -48,13 +64,22 @@ class StackLog {
   void clear() noexcept;
 
  private:
+  void take(int device, void* ptr, cistern_stack_hook hook, bool native) noexcept;
   void log(int device, void* ptr, std::uint32_t stack) noexcept;
+  /// The table stack of native return addresses `pcs` (innermost first) followed by the Python
+  /// stack `python`; mutex_ held.
+  std::uint32_t with_native(std::uint32_t python, void* const* pcs, int count);
+  /// The table frame of return address `pc`; mutex_ held.
+  std::uint32_t native_frame(std::uintptr_t pc);
 
   std::atomic<cistern_stack_hook> hook_{nullptr};
+  std::atomic<bool> native_{false};
   mutable std::mutex mutex_;  ///< guards everything below
   std::size_t max_entries_ = 0;
   StackTable table_;
   std::vector<std::deque<std::pair<std::uintptr_t, std::uint32_t>>> logs_;  ///< per device
+  std::unordered_map<std::uintptr_t, std::uint32_t> pc_frames_;   ///< return address -> frame
+  std::unordered_map<std::string, std::uint32_t> native_stacks_;  ///< (Python id, pcs) -> stack
 };
 
 /// The plug-in's one log.

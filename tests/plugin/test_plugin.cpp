@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>  // setenv, unsetenv
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,15 @@
 #include "cistern/plugin.h"
 #include "trace/pickle.hpp"
 #include "trace/readers.hpp"
+
+// An allocation site with external linkage, in the test program's dynamic symbol table
+// (ENABLE_EXPORTS), never inlined and never a tail call: the innermost native frame of the
+// allocations it makes, by name.
+extern "C" __attribute__((noinline)) void* native_stack_site(std::size_t size) {
+  void* p = cistern_malloc(size, 0, nullptr);
+  asm volatile("" : : "r"(p) : "memory");  // the call returns here: not a tail call
+  return p;
+}
 
 namespace {
 
@@ -421,6 +431,67 @@ TEST_F(Plugin, WritesAPyTorchSnapshotThatOurReaderReads) {
   EXPECT_EQ(*t.recorded.peak_reserved, 2 * kMiB + 4 * kMiB);  // the mapped handles
   cistern_free(q, 3 * kMiB, 0, nullptr);
   std::filesystem::remove(path);
+}
+
+std::uint32_t python_stack_id = 0;
+std::uint32_t python_stack() { return python_stack_id; }
+
+TEST_F(Plugin, NativeStacksNameTheCallerLeaveOutThePluginAndEndWithTheHooksFrames) {
+  ASSERT_EQ(cistern_record_history(1, 0), CISTERN_OK);
+  // What a hook answers: a Python stack the caller registered (train.py's forward).
+  const char* files[] = {"train.py"};
+  const std::int64_t lines[] = {7};
+  const char* names[] = {"forward"};
+  ASSERT_EQ(cistern_add_stack(1, files, lines, names, &python_stack_id), CISTERN_OK);
+  ASSERT_NE(python_stack_id, 0u);
+
+  ASSERT_EQ(cistern_set_native_stacks(1, 0), CISTERN_OK);
+  void* native_only = native_stack_site(4096);
+  ASSERT_EQ(cistern_set_stack_hook(&python_stack, 0), CISTERN_OK);
+  void* both = native_stack_site(8192);
+  ASSERT_EQ(cistern_set_native_stacks(0, 0), CISTERN_OK);
+  ASSERT_EQ(cistern_set_stack_hook(nullptr, 0), CISTERN_OK);
+  void* none = native_stack_site(16384);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "cistern_test_native_stacks.pickle").string();
+  ASSERT_EQ(cistern_write_snapshot(path.c_str()), CISTERN_OK) << last_error();
+  cistern_free(native_only, 4096, 0, nullptr);
+  cistern_free(both, 8192, 0, nullptr);
+  cistern_free(none, 16384, 0, nullptr);
+
+  const cistern::trace::pickle::Document doc = cistern::trace::pickle::read_file(path);
+  std::filesystem::remove(path);
+  std::vector<std::vector<std::array<std::string, 3>>> allocs;  // each alloc's frames
+  const auto trace = doc.root().at("device_traces")[0];
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    if (trace[i].at("action").as_string() != "alloc") continue;
+    std::vector<std::array<std::string, 3>> frames;
+    const auto list = trace[i].at("frames");
+    for (std::size_t f = 0; f < list.size(); ++f) {
+      frames.push_back(std::array<std::string, 3>{std::string(list[f].at("filename").as_string()),
+                                                  std::to_string(list[f].at("line").as_int()),
+                                                  std::string(list[f].at("name").as_string())});
+    }
+    allocs.push_back(std::move(frames));
+  }
+  ASSERT_EQ(allocs.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    const auto& frames = allocs[static_cast<std::size_t>(i)];
+    ASSERT_GE(frames.size(), 2u) << "alloc " << i;
+    // The plug-in's own frames are left out: the caller comes first, from the test program.
+    EXPECT_EQ(frames[0][2], "native_stack_site") << "alloc " << i;
+    EXPECT_EQ(frames[0][1], "0");
+    EXPECT_NE(frames[0][0].find("test_plugin"), std::string::npos) << frames[0][0];
+    for (const auto& frame : frames) {
+      EXPECT_EQ(frame[0].find("libcistern_plugin"), std::string::npos) << frame[2];
+    }
+  }
+  // Without a hook the native frames alone; with one, its Python frames after them (the test
+  // program is no Python interpreter, so no native frame gives way to them).
+  EXPECT_NE(allocs[0].back()[0], "train.py");
+  EXPECT_EQ(allocs[1].back(), (std::array<std::string, 3>{"train.py", "7", "forward"}));
+  EXPECT_EQ(allocs[1].size(), allocs[0].size() + 1);
+  EXPECT_TRUE(allocs[2].empty());  // neither: no frames
 }
 
 TEST_F(Plugin, ConcurrentCallersOnTheirOwnStreams) {
