@@ -1,6 +1,6 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
-// StackLog (plugin_stacks.hpp) and its two C entry points.
+// StackLog (plugin_stacks.hpp): the hook's stacks, native frames, the log per device.
 #include "plugin/plugin_stacks.hpp"
 
 #include <cxxabi.h>
@@ -95,7 +95,8 @@ void StackLog::take(int device, void* ptr, cistern_stack_hook hook, bool native)
   std::uint32_t stack = 0;
   try {
     std::lock_guard<std::mutex> lock(mutex_);
-    stack = python < table_.size() ? with_native(python, pcs, count) : 0;
+    // A hook that answers nonsense gives no Python frames; the native ones stay.
+    stack = with_native(python < table_.size() ? python : 0, pcs, count);
   } catch (...) {  // out of host memory: this allocation goes without its native frames
     stack = python;
   }
