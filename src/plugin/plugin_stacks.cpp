@@ -110,8 +110,12 @@ std::uint32_t StackLog::with_native(std::uint32_t python, void* const* pcs, int 
     return found->second;
   }
   std::vector<std::uint32_t> frames;
+  // Whatever comes before the plug-in's own frames (a sanitizer's interceptor of backtrace) and
+  // those frames themselves are cistern's, not the caller's.
   int i = 0;
-  while (i < count && object_of(pcs[i]) == plugin_object()) ++i;  // cistern's own frames
+  while (i < count && object_of(pcs[i]) != plugin_object()) ++i;
+  if (i == count) i = 0;  // no frame of the plug-in: keep them all
+  while (i < count && object_of(pcs[i]) == plugin_object()) ++i;
   for (; i < count; ++i) {
     if (python != 0) {
       Dl_info info{};
