@@ -30,6 +30,11 @@
 namespace cistern::plugin {
 namespace {
 
+/// A `max_entries` argument of the C ABI: 0 means one million (plugin.h).
+std::size_t entries_or_default(std::size_t max_entries) noexcept {
+  return max_entries == 0 ? 1000000 : max_entries;
+}
+
 /// The code of the exception in flight (called from a catch block).
 cistern_error classify() noexcept {
   try {
@@ -278,6 +283,7 @@ Attempt attempt_malloc(std::size_t size, int device, cistern_stream_t stream) no
 }  // namespace cistern::plugin
 
 using cistern::Stream;
+using cistern::plugin::entries_or_default;
 using cistern::plugin::guarded;
 using cistern::plugin::PluginState;
 
@@ -461,9 +467,8 @@ int cistern_reset_accumulated_stats(int device) {
 }
 
 int cistern_record_history(int enabled, size_t max_entries) {
-  return guarded([&] {
-    PluginState::get().record_history(enabled != 0, max_entries == 0 ? 1000000 : max_entries);
-  });
+  return guarded(
+      [&] { PluginState::get().record_history(enabled != 0, entries_or_default(max_entries)); });
 }
 
 int cistern_check(int device) {
@@ -500,14 +505,13 @@ int cistern_write_snapshot(const char* path) {
 }
 
 int cistern_set_stack_hook(cistern_stack_hook hook, size_t max_entries) {
-  return guarded([&] {
-    cistern::plugin::stack_log().set_hook(hook, max_entries == 0 ? 1000000 : max_entries);
-  });
+  return guarded(
+      [&] { cistern::plugin::stack_log().set_hook(hook, entries_or_default(max_entries)); });
 }
 
 int cistern_set_native_stacks(int enabled, size_t max_entries) {
   return guarded([&] {
-    cistern::plugin::stack_log().set_native(enabled != 0, max_entries == 0 ? 1000000 : max_entries);
+    cistern::plugin::stack_log().set_native(enabled != 0, entries_or_default(max_entries));
   });
 }
 

@@ -61,11 +61,15 @@ std::string demangled(const char* symbol) {
 
 void StackLog::set_hook(cistern_stack_hook hook, std::size_t max_entries) {
   std::lock_guard<std::mutex> lock(mutex_);
+  keep_newest(max_entries);
+  hook_.store(hook, std::memory_order_release);
+}
+
+void StackLog::keep_newest(std::size_t max_entries) {
   max_entries_ = max_entries;
   for (auto& log : logs_) {
     while (log.size() > max_entries_) log.pop_front();
   }
-  hook_.store(hook, std::memory_order_release);
 }
 
 void StackLog::set_native(bool on, std::size_t max_entries) {
@@ -76,10 +80,7 @@ void StackLog::set_native(bool on, std::size_t max_entries) {
     (void)plugin_object();
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  max_entries_ = max_entries;
-  for (auto& log : logs_) {
-    while (log.size() > max_entries_) log.pop_front();
-  }
+  keep_newest(max_entries);
   native_.store(on, std::memory_order_relaxed);
 }
 

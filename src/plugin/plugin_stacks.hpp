@@ -64,6 +64,8 @@ class StackLog {
   void clear() noexcept;
 
  private:
+  /// Keeps the newest `max_entries` pairs per device from now on; mutex_ held.
+  void keep_newest(std::size_t max_entries);
   void take(int device, void* ptr, cistern_stack_hook hook, bool native) noexcept;
   void log(int device, void* ptr, std::uint32_t stack) noexcept;
   /// The table stack of native return addresses `pcs` (innermost first) followed by the Python
