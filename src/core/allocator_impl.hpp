@@ -152,11 +152,7 @@ class CachingAllocator::Impl {
   std::unique_ptr<detail::Backing> retired_backing_;  // the engine after a fallback (never used)
   std::atomic<bool> vmm_{false};    // the engine is on (fixed at its first growth at the latest)
   std::atomic<bool> trims_{false};  // the engine with a release threshold
-  // The engine near the limit: blocks on handles of several granules then take the slow path,
-  // where such a handle, free but for the request, is given back and the request gets handles of
-  // one granule (the engine's cached_fit). Read without a lock on the hot path.
-  std::atomic<bool> tight_{false};
-  std::string vmm_note_;  // why the engine is off where it was wanted ("" if not)
+  std::string vmm_note_;            // why the engine is off where it was wanted ("" if not)
 };
 
 }  // namespace cistern

@@ -110,9 +110,6 @@ struct BackingContext {
   Counters& counters;
   EventPool& events;  // to wait for a stream's work (wait_for_stream)
   HistorySink history;
-  // Set by the engine near the limit, read without a lock by the hot path: blocks on handles of
-  // several granules then take the slow path, where such a handle may be given back first.
-  std::atomic<bool>& tight;
 };
 
 /// Blocks until the work submitted to `stream` so far has completed, through an event that is

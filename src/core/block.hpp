@@ -26,6 +26,7 @@
 // sizes only, never to how the memory was obtained, so both share the model.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -88,10 +89,9 @@ struct Segment {
   static constexpr std::uint64_t kCoarse = std::uint64_t{1} << 62;
   static constexpr std::uint64_t kSpan = std::uint64_t{1} << 61;
   std::vector<std::uint64_t> pages;
-  // Beside `pages`, one bit per granule: mapped, and (coarse_bits) on a handle of several
-  // granules, so that the cache-hit path tests a block's granules a 64-bit word at a time.
+  // Beside `pages`, one bit per granule, set where it is mapped, so that the cache-hit path tests
+  // a block's granules a 64-bit word at a time.
   std::vector<std::uint64_t> mapped_bits;
-  std::vector<std::uint64_t> coarse_bits;
   std::size_t unmapped_pages = 0;
   std::size_t spans = 0;  // mapped handles with kSpan (0 for a classic segment)
   std::size_t page_size = 0;
@@ -112,18 +112,15 @@ struct Segment {
     while (i < pages.size() && pages[i] != kNoPage) ++i;
     mapped_end = base + i * page_size;
   }
-  /// Sets what granule i of an expandable segment holds (a page id, or kNoPage), with its bits;
+  /// Sets what granule i of an expandable segment holds (a page id, or kNoPage), with its bit;
   /// the caller keeps unmapped_pages and mapped_end.
   void set_page(std::size_t i, std::uint64_t page) noexcept {
     pages[i] = page;
     const std::uint64_t bit = std::uint64_t{1} << (i & 63);
     if (page == kNoPage) {
       mapped_bits[i >> 6] &= ~bit;
-      coarse_bits[i >> 6] &= ~bit;
     } else {
       mapped_bits[i >> 6] |= bit;
-      if ((page & kCoarse) != 0) coarse_bits[i >> 6] |= bit;
-      else coarse_bits[i >> 6] &= ~bit;
     }
   }
   /// The granules [first, last) that [lo, hi), a range of this segment, touches.
@@ -156,9 +153,15 @@ struct Segment {
     }
     return (last - first) - mapped;
   }
-  /// Whether a page under [lo, hi) lies on a handle of several granules.
-  bool any_coarse(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
-    return any_set(coarse_bits, first_page(lo), end_page(hi));
+  /// The first mapped granule in [i, end), or `end`: a word of the bit vector at a time, so that
+  /// a walk over the handles of a range as large as the device skips its unmapped stretches.
+  std::size_t next_mapped(std::size_t i, std::size_t end) const noexcept {
+    while (i < end) {
+      const std::uint64_t word = mapped_bits[i >> 6] >> (i & 63);
+      if (word != 0) return std::min(end, i + static_cast<std::size_t>(__builtin_ctzll(word)));
+      i = (i | 63) + 1;
+    }
+    return end;
   }
 
  private:
@@ -176,13 +179,6 @@ struct Segment {
       if ((bits[w] & mask) != mask) return false;
     }
     return true;
-  }
-  static bool any_set(const std::vector<std::uint64_t>& bits, std::size_t first,
-                      std::size_t last) noexcept {
-    for (std::size_t w = first >> 6; w <= (last - 1) >> 6; ++w) {
-      if ((bits[w] & word_mask(w, first, last)) != 0) return true;
-    }
-    return false;
   }
 };
 

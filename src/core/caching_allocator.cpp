@@ -18,35 +18,31 @@ using detail::StreamPool;
 
 namespace {
 
-// mapped_for's test of an expandable segment with unmapped granules (or near the limit), out of
-// line so that the test of a fully mapped segment stays short.
+// mapped_for's test of an expandable segment with unmapped granules, out of line so that the
+// test of a fully mapped segment stays short.
 __attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, const Block& b,
-                                           std::size_t size, bool small, bool tight) noexcept {
+                                           std::size_t size, bool small) noexcept {
   const detail::Segment& s = *b.segment;
   if (!s.expandable) return true;
-  const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
+  const std::size_t used = policy.should_split(b.size, size, small, true) ? size : b.size;
   if (used != b.size && s.spans != 0 && s.cuts_span(b.addr + used)) return false;
-  return s.pages_mapped(b.addr, b.addr + used) && !(tight && s.any_coarse(b.addr, b.addr + used));
+  return s.pages_mapped(b.addr, b.addr + used);
 }
 
 // Whether the cached block `b` can serve `size` on the hot path: always in a classic segment; in
 // an expandable one, when the granules under the part handed out (the block, or its first `size`
-// bytes when it is split: map_for's range) are all mapped - and, near the limit, none lies on a
-// handle of several granules (the slow path may give such a handle back and map the request on
-// handles of one granule); and a split never cuts a handle that reaches over several pages (the
-// page rule: the slow path gives it back first). The rest of the segment does not matter, so the
-// engine adds nothing to a hit on mapped memory but the load of one flag and, on a split, one
-// counter.
+// bytes when it is split: map_for's range) are all mapped, and a split never cuts a handle that
+// reaches over several pages (the page rule: the slow path gives it back first). The rest of the
+// segment does not matter, so the engine adds nothing to a hit on mapped memory but, on a split,
+// one counter.
 CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
-                            bool small, bool tight) noexcept {
-  if (!tight) {
-    const std::size_t used = policy.should_split(b.size, size, small) ? size : b.size;
-    const detail::Segment& s = *b.segment;
-    if (b.addr + used <= s.mapped_end) {
-      return used == b.size || s.spans == 0 || !s.cuts_span(b.addr + used);
-    }
+                            bool small) noexcept {
+  const detail::Segment& s = *b.segment;
+  const std::size_t used = policy.should_split(b.size, size, small, s.expandable) ? size : b.size;
+  if (b.addr + used <= s.mapped_end) {
+    return used == b.size || s.spans == 0 || !s.cuts_span(b.addr + used);
   }
-  return part_mapped(policy, b, size, small, tight);
+  return part_mapped(policy, b, size, small);
 }
 
 }  // namespace
@@ -141,7 +137,6 @@ void CachingAllocator::Impl::fall_back_to_segments(const std::string& why, const
       device_.index(), device_.name(), why);
   vmm_ = false;
   trims_ = false;
-  tight_ = false;
   policy_ = detail::SizePolicy(config_);
   for (const auto& pool : pools_.all()) {
     std::unique_lock<detail::SpinLock> lock(pool->mutex, std::defer_lock);
@@ -171,8 +166,7 @@ Block* CachingAllocator::Impl::reclaim_and_grow(StreamPool& pool, std::size_t si
 
 detail::BackingContext CachingAllocator::Impl::backing_context() {
   return {device_,      config_,   policy_, pools_,
-          reservation_, counters_, events_, detail::HistorySink(history_),
-          tight_};
+          reservation_, counters_, events_, detail::HistorySink(history_)};
 }
 
 CachingAllocator::Impl::~Impl() {
@@ -250,8 +244,7 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
     }
     // A block with pages missing is mapped on the slow path.
     Block* b = pool.find(size, small);
-    if (b != nullptr &&
-        mapped_for(policy_, *b, size, small, tight_.load(std::memory_order_relaxed))) {
+    if (b != nullptr && mapped_for(policy_, *b, size, small)) {
       return pool.take(b, size, bytes);
     }
   }

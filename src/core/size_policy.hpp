@@ -73,10 +73,14 @@ class SizePolicy {
     return block_size < size + max_non_split_rounding_;
   }
 
-  /// Whether a block of `block_size` serving `size` is split, leaving the rest cached.
-  bool should_split(std::size_t block_size, std::size_t size, bool small) const noexcept {
+  /// Whether a block of `block_size` serving `size` is split, leaving the rest cached. A block of
+  /// an expandable segment splits as a small one does, whatever max_split_size (as in PyTorch's
+  /// expandable segments): its rest is address space, mapped only where a block is handed out, so
+  /// that a large block keeping up to a MiB it does not use would hold that memory for nothing.
+  bool should_split(std::size_t block_size, std::size_t size, bool small,
+                    bool expandable) const noexcept {
     const std::size_t rest = block_size - size;
-    if (small) return rest >= min_block_size_;
+    if (small || expandable) return rest >= min_block_size_;
     return size < max_split_size_ && rest > small_size_;
   }
 

@@ -194,7 +194,6 @@ Block* StreamPool::add_new_segment(std::uintptr_t base, std::size_t size, bool l
     segment->page_size = page_size;
     segment->pages.assign(size / page_size, Segment::kNoPage);
     segment->mapped_bits.assign((segment->pages.size() + 63) / 64, 0);
-    segment->coarse_bits.assign(segment->mapped_bits.size(), 0);
     segment->unmapped_pages = segment->pages.size();
     while ((std::size_t{1} << segment->page_shift) < page_size) ++segment->page_shift;
     segment->mapped_end = base;

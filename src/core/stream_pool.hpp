@@ -149,7 +149,7 @@ class StreamPool {
   CISTERN_HOT void* take(Block* b, std::size_t size, std::size_t requested) {
     const bool small = !b->segment->large;
     CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && b->size >= size && size >= requested);
-    if (policy_.should_split(b->size, size, small)) {
+    if (policy_.should_split(b->size, size, small, b->segment->expandable)) {
       split(b, size, small);
     } else {
       unindex(b, small);

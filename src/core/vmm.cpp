@@ -1,13 +1,13 @@
 // Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 //
 // The virtual-memory engine: segments are reserved address ranges (64 MiB for the small pool,
-// 1 GiB for the large one, more for a larger request) in which blocks are placed and cut by the
-// same best fit as classic ones and pack across granules, as in the single range per pool of
-// PyTorch's expandable segments; physical memory is mapped into them as whole handles, only where
-// a block is handed out. The driver maps a handle only whole, at offset 0, and unmaps only whole
-// mappings (vmm-and-planning.md section 4), so a handle is the unit of everything here: created
-// for a run of granules that blocks need, mapped there whole, unmapped and released whole once
-// every granule it covers lies inside a cached free block.
+// twice the device's size for the large one, more for a larger request) in which blocks are placed
+// and cut by the same best fit as classic ones, whatever is mapped, and pack across granules, as
+// in the single range per pool of PyTorch's expandable segments; physical memory is mapped into
+// them as whole handles, only where a block is handed out. The driver maps a handle only whole, at
+// offset 0, and unmaps only whole mappings (vmm-and-planning.md section 4), so a handle is the unit
+// of everything here: created for a run of granules that blocks need, mapped there whole, unmapped
+// and released whole once every granule it covers lies inside a cached free block.
 //
 // How large a handle is decides both costs. The driver's price is per mapping, not per byte - a
 // cuMemSetAccess and a cuMemUnmap cost about 29 and 18 us for each mapping they cover, whatever
@@ -18,10 +18,15 @@
 // a granule it shares with the next block, extended over the free rest of its page, so that the
 // next blocks cut from it need no call; the closer to the limit, the smaller the largest handle
 // (a 32nd of the room left), down to one granule, so that what a free block covers can be given
-// back. Near the limit, once a growth has had to reclaim, a block handed out on a
-// larger handle that it does not fill and that lies free around it first has that handle given
-// back (make_finer): handles made large while there was room do not stay whole under small live
-// blocks when the room runs out.
+// back. A handle never reaches past its page unless it lies inside the one block it was made for
+// (Note [The page rule]), so a handle made while there was room pins, under a small live block,
+// no more than expandable segments' page would.
+//
+// Placement never depends on what is mapped: a request takes the best fit, as classic segments
+// and expandable segments do, and the miss path maps what it lacks. A pass that repeats an
+// earlier one's requests then places every block where the earlier did, on the handles it left
+// there: one large-pool range as large as twice the device holds all of a pool's blocks, so that
+// a later pass does not find ranges the first had not had yet.
 //
 // Note [The page rule]. Whatever the sizes, the engine never holds more free memory that no
 // reclaim can return than PyTorch's expandable segments would pin around the same blocks: the
@@ -70,11 +75,12 @@ std::uint32_t slot_of(std::uint64_t page) noexcept { return static_cast<std::uin
 
 std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
 
-/// The address space of a new expandable segment: blocks pack across granules inside one range,
-/// as in the single range per pool of PyTorch's expandable segments, and a request larger than
-/// the range gets one of its own. Address space costs no memory.
+/// The address space of a new expandable segment (range_size()): in the large pool twice the
+/// device's size, within [kLargeRange, kLargestRange] (a segment keeps a word per granule); in the
+/// small pool kSmallRange. Address space costs no memory.
 constexpr std::size_t kSmallRange = 64 * MiB;
 constexpr std::size_t kLargeRange = 1 * GiB;
+constexpr std::size_t kLargestRange = 256 * GiB;
 
 /// The pages of PyTorch's expandable segments (2 MiB in the small pool, 20 MiB in the large one):
 /// the grid of the page rule (Note [The page rule]), from each segment's base.
@@ -125,19 +131,15 @@ class MappedHandles final : public Backing {
  public:
   explicit MappedHandles(const BackingContext& ctx) : Backing(ctx), g_(ctx.device.granularity()) {}
 
-  // The best fit when its pages are mapped. Else, while no growth has had to reclaim and the best
-  // fit lacks at most a page of granules, none: the miss path maps them, once, so that the same
-  // request later hits the best fit on the hot path (taking another block each time would send
-  // it down the miss path every time). Else the smallest block that can serve the request on
-  // pages already mapped: the best fit would take new handles - or, near the limit, the very
-  // handles of that mapped block, unmapped and mapped again - where the other needs none (address
-  // space is plentiful, physical memory is not).
+  // The best fit when the part the request takes is mapped and no handle under it must go back
+  // first; else none, and the miss path maps what the best fit lacks (back()). Which block serves a
+  // request never depends on what is mapped: a pass that repeats an earlier one's requests places
+  // its blocks where the earlier did, on the handles it left there, and calls the device no more
+  // (docs/design.md, "Placement").
   Block* cached_fit(StreamPool& pool, std::size_t size, bool small) override {
     Block* b = pool.find(size, small);
-    if (b == nullptr) return nullptr;
-    if (mapped(*b, size, small)) return needs_finer(*b, size, small) ? nullptr : b;
-    if (!constrained_ && missing(*b, size, small) <= page_granules(*b->segment)) return nullptr;
-    return smallest_mapped_fit(pool, size, small);
+    if (b == nullptr || !mapped(*b, size, small)) return nullptr;
+    return needs_finer(*b, size, small) ? nullptr : b;
   }
 
   Growth grow(StreamPool& pool, std::size_t size, bool small) override {
@@ -161,14 +163,10 @@ class MappedHandles final : public Backing {
   Growth back(StreamPool& pool, std::size_t size, bool small, bool reclaim);
   bool possible(std::size_t size) const noexcept;
   std::size_t used_part(const Block& b, std::size_t size, bool small) const noexcept {
-    return ctx_.policy.should_split(b.size, size, small) ? size : b.size;
+    return ctx_.policy.should_split(b.size, size, small, b.segment->expandable) ? size : b.size;
   }
   bool mapped(const Block& b, std::size_t size, bool small) const noexcept {
     return b.segment->pages_mapped(b.addr, b.addr + used_part(b, size, small));
-  }
-  /// The granules under the part of `b` that `size` takes that are not mapped.
-  std::size_t missing(const Block& b, std::size_t size, bool small) const noexcept {
-    return b.segment->unmapped_under(b.addr, b.addr + used_part(b, size, small));
   }
   // The granule arithmetic: the granules of `seg` that bytes [lo, hi) touch, and those lying
   // entirely inside them.
@@ -188,11 +186,11 @@ class MappedHandles final : public Backing {
     const std::size_t page = page_granules(seg);
     return first / page != (first + granules - 1) / page;
   }
-  Block* smallest_mapped_fit(const StreamPool& pool, std::size_t size, bool small) const;
   std::vector<std::uint32_t> finer_under(const Block& b, std::uintptr_t hi) const;
   bool needs_finer(const Block& b, std::size_t size, bool small) const;
   bool make_finer(StreamPool& pool, Block& b, std::uintptr_t hi);
   Block* new_segment(StreamPool& pool, std::size_t size, bool small);
+  std::size_t range_size(std::size_t size, bool small) const noexcept;
   bool map_for(StreamPool& pool, Block& b, std::size_t size, bool small, bool reclaim);
   std::vector<PlannedHandle> plan(const Segment& seg, GranuleRun request, GranuleRun whole,
                                   std::size_t limit, bool small, std::size_t held, bool pages_only);
@@ -228,7 +226,6 @@ class MappedHandles final : public Backing {
   std::size_t reserved_va_ = 0;  // address space of the expandable segments
   HandleTable handles_;
   bool grown_ = false;  // a first growth succeeded: a refusal from now on is an error, no fallback
-  bool constrained_ = false;  // a growth has had to reclaim
   // During one growth that reclaims: the granule counts of the handles it plans (a reclaimed
   // handle of one of these sizes is kept, unmapped, in spares_ to be mapped again instead of
   // released and created anew), and those kept handles. Both empty between requests.
@@ -238,7 +235,6 @@ class MappedHandles final : public Backing {
   std::string last_error_;           // why the most recent release failed
   std::string
       refusal_;  // how the device refused the engine at its first growth (back() returns it)
-  std::size_t handle_limit_ = SIZE_MAX / 2;  // the largest handle plan() last allowed, granules
 };
 
 }  // namespace
@@ -255,17 +251,6 @@ bool MappedHandles::possible(std::size_t size) const noexcept {
   const std::size_t bytes = round_up(size, g_);
   return (ctx_.reservation.device_total == 0 || bytes <= ctx_.reservation.device_total) &&
          bytes <= ctx_.reservation.allowed;
-}
-
-// The pool's free blocks from the best fit's bin on, in the index's order (smallest, then lowest
-// address), until one qualifies: only a request whose best fit lacks pages - one that would
-// otherwise call the device - pays for it, and usually a few blocks' worth.
-Block* MappedHandles::smallest_mapped_fit(const StreamPool& pool, std::size_t size,
-                                          bool small) const {
-  return pool.index(small).find_from(size, [&](const Block* c) {
-    return c->size >= size && ctx_.policy.may_serve(c->size, size) && mapped(*c, size, small) &&
-           !needs_finer(*c, size, small);
-  });
 }
 
 // The best fit (or a new segment) with handles mapped under the part the request takes; no block
@@ -305,78 +290,80 @@ void MappedHandles::drop_unmapped_segments(const StreamPool* held) {
 // --- giving a handle back before a block takes part of it ------------------------------------------------
 
 // The handles under the part [b.addr, hi) of the free block `b` that a request would take which
-// must go back first:
-//  * always, a handle reaching over several pages that the part would not hold whole (the page
-//    rule); lying under free blocks only, it lies inside `b`;
-//  * near the limit (tight_), a handle of more granules than plan() now allows that lies entirely
-//    inside `b` and reaches beyond the granules the part touches: a handle that could go back
-//    whole now, and whose memory the request would otherwise hold in full.
+// must go back first (the page rule): those reaching over several pages (kSpan) that the part
+// would not hold whole. Lying under free blocks only, such a handle lies inside `b`.
 std::vector<std::uint32_t> MappedHandles::finer_under(const Block& b, std::uintptr_t hi) const {
   std::vector<std::uint32_t> found;
   const Segment& seg = *b.segment;
   const GranuleRun part = touched(seg, b.addr, hi);
   const GranuleRun whole_part = inside(seg, b.addr, hi);
-  const GranuleRun whole_block = inside(seg, b.addr, b.addr + b.size);
-  const bool tight = ctx_.tight.load(std::memory_order_relaxed);
-  for (std::size_t i = part.first; i < part.end;) {
+  for (std::size_t i = seg.next_mapped(part.first, part.end); i < part.end;
+       i = seg.next_mapped(i, part.end)) {
     const std::uint64_t page = seg.pages[i];
-    if (page == kNoPage || (page & kCoarse) == 0) {
-      ++i;
-      continue;
-    }
     const HandleSlot& h = handles_[slot_of(page)];
     const std::size_t h_end = h.first + h.granules;
-    if ((page & kSpan) != 0) {
-      if (h.first < whole_part.first || h_end > whole_part.end) found.push_back(slot_of(page));
-    } else if (tight && h.granules > handle_limit_) {
-      const bool in_block = h.first >= whole_block.first && h_end <= whole_block.end;
-      const bool beyond = h.first < part.first || h_end > part.end;
-      if (in_block && beyond) found.push_back(slot_of(page));
+    if ((page & kSpan) != 0 && (h.first < whole_part.first || h_end > whole_part.end)) {
+      found.push_back(slot_of(page));
     }
     i = h_end;
   }
   return found;
 }
 
-// Whether serving `size` from the mapped free block `b` needs handles under it given back first
-// (finer_under): the page rule's test is the hot path's (Segment::cuts_span), near the limit the
-// whole walk.
+// Whether serving `size` from the mapped free block `b` needs a handle under it given back first
+// (finer_under): the hot path's test (Segment::cuts_span), the granule the part ends in.
 bool MappedHandles::needs_finer(const Block& b, std::size_t size, bool small) const {
   const Segment& seg = *b.segment;
   const std::uintptr_t hi = b.addr + used_part(b, size, small);
-  if (hi != b.addr + b.size && seg.spans != 0 && seg.cuts_span(hi)) return true;
-  if (!ctx_.tight.load(std::memory_order_relaxed)) return false;
-  return !finer_under(b, hi).empty();
+  return hi != b.addr + b.size && seg.spans != 0 && seg.cuts_span(hi);
 }
 
 // Before the part [b.addr, hi) of the free block `b` is handed out: unmaps and releases the
 // handles finer_under names (after the work of the pool's stream), so that the request gets
 // handles of its own. This is what keeps the page rule when a block is cut from a free one that a
-// large handle lies under, and, near the limit, the engine's memory the memory of its live
-// blocks. Returns whether a handle reaching over several pages went back: the request is then
-// mapped on handles of a page at most (plan()), as expandable segments would map it, so that
+// handle reaching over several pages lies under. Returns whether one went back: the request is
+// then mapped on handles of a page at most (plan()), as expandable segments would map it, so that
 // memory once cut up stays in pages and a large handle costs at most one creation and one
 // release more than expandable segments' pages over its life.
 bool MappedHandles::make_finer(StreamPool& pool, Block& b, std::uintptr_t hi) {
-  const std::vector<std::uint32_t> coarse = finer_under(b, hi);
-  if (coarse.empty()) return false;
-  Segment& seg = *b.segment;
-  const bool span = std::any_of(coarse.begin(), coarse.end(), [&](std::uint32_t slot) {
-    return spans_pages(seg, handles_[slot].first, handles_[slot].granules);
-  });
+  const std::vector<std::uint32_t> spans = finer_under(b, hi);
+  if (spans.empty()) return false;
   wait_for_stream(ctx_, pool.stream);
-  unmap_and_release(pool, seg, coarse, Unmap::reclaim);
+  unmap_and_release(pool, *b.segment, spans, Unmap::reclaim);
   ++ctx_.counters.handle_splits;
-  return span;
+  return true;
 }
 
-// A new expandable segment (address space only), or nullptr when the device has no address space
-// left or refused the engine at its first growth.
+// The address space a new expandable segment for `size` reserves. In the large pool, one range
+// holds every block of the pool and the unmapped holes between them, as the single range of
+// PyTorch's expandable segments (9/8 of the device) does: best fit packs them all together, and a
+// pass that repeats an earlier one places its blocks where that one did, on the handles it left
+// there. With 1 GiB ranges a later pass found ranges the first had not had yet, placed its blocks
+// there and had to map them anew: on a device of expandable segments' min_capacity, passes 2-3 of
+// `--repeat 3` ran out of memory on 3 of the 17 shared traces and made 52,362 device calls
+// (expandable segments: 27,122); with ranges of 9/8 of the device 32,642, of twice the device
+// 25,058 and none out of memory (docs/design.md, "Placement"). A request larger than the range
+// gets one of its own.
+std::size_t MappedHandles::range_size(std::size_t size, bool small) const noexcept {
+  const std::size_t least = ctx_.policy.segment_size(size);
+  if (small) return round_up(std::max(least, kSmallRange), g_);
+  const std::size_t range =
+      std::clamp(2 * ctx_.reservation.device_total, kLargeRange, kLargestRange);
+  return round_up(std::max(least, range), g_);
+}
+
+// A new expandable segment (address space only): range_size(), or, while the device has not that
+// much address space left, half as much, down to the request's own segment size; nullptr when it
+// has not even that or refused the engine at its first growth.
 Block* MappedHandles::new_segment(StreamPool& pool, std::size_t size, bool small) {
-  const std::size_t bytes =
-      round_up(std::max(ctx_.policy.segment_size(size), small ? kSmallRange : kLargeRange), g_);
+  const std::size_t least = round_up(ctx_.policy.segment_size(size), g_);
+  std::size_t bytes = range_size(size, small);
   void* va = nullptr;
-  const Status status = ctx_.device.reserve(bytes, 0, &va);
+  Status status = ctx_.device.reserve(bytes, 0, &va);
+  while (status == Status::out_of_memory && bytes > least) {
+    bytes = std::max(least, round_up(bytes / 2, g_));
+    status = ctx_.device.reserve(bytes, 0, &va);
+  }
   if (status == Status::out_of_memory || refused(status, DeviceOp::reserve)) return nullptr;
   check_device(ctx_.device, status, DeviceOp::reserve);
   reserved_va_ += bytes;
@@ -396,7 +383,7 @@ bool MappedHandles::refused(Status status, DeviceOp op) {
 }
 
 // `b` free and indexed. First gives back the handles under the part of `b` the request takes
-// that the page rule or, near the limit, make_finer wants gone; then maps handles under every
+// that the page rule wants gone (make_finer); then maps handles under every
 // unmapped granule of that part - and, with room to spare, over the free rest of its last page
 // (plan()), so that the next blocks cut from it make no call. False (nothing mapped) when no
 // room can be had, or when the device refused the engine at its first growth; a failing map
@@ -440,8 +427,6 @@ bool MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size, bool s
 //    whole pages): the next blocks cut from the block need no call, a pool's growths get larger
 //    as it does, and no handle reaches past its page. A request that ends on a handle of its own
 //    is not extended: the next growth maps that page.
-// `tight_` (the slow path's make_finer) is set when a handle of the pool's size would no longer
-// fit the limit on handles and a growth has had to reclaim before.
 std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun request,
                                                GranuleRun whole, std::size_t limit, bool small,
                                                std::size_t held, bool pages_only) {
@@ -465,8 +450,6 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
   const std::size_t after = room > need * g_ ? room - need * g_ : 0;
   const std::size_t largest =
       std::min(cap_granules(small), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
-  handle_limit_ = largest;
-  ctx_.tight.store(constrained_ && largest < unit, std::memory_order_relaxed);
   const std::size_t page = page_granules(seg);
   const bool whole_spans = cap_granules(small) > page && !pages_only;
   const auto inner = [&](const GranuleRun& r) {  // the part of a run that may be one handle
@@ -575,8 +558,7 @@ bool MappedHandles::create(const std::vector<PlannedHandle>& planned,
   if (room < total) {
     // A creation the device would refuse costs as much as one it grants: ask it first.
     if (!reclaim) return false;
-    constrained_ = true;  // make_finer from the next growth on (plan() sets tight_)
-    reuse_ = &sizes;      // handles of the planned sizes are kept to be mapped again
+    reuse_ = &sizes;  // handles of the planned sizes are kept to be mapped again
     try {
       this->reclaim(&pool, total - room, keep);
     } catch (...) {
@@ -713,11 +695,7 @@ std::vector<Victim> MappedHandles::free_handles(Keep keep) const {
       for (const Block* b = seg->head; b != nullptr; b = b->next) {
         if (!b->is_free()) continue;
         const auto [first, end] = inside(*seg, b->addr, b->addr + b->size);
-        for (std::size_t i = first; i < end;) {
-          if (seg->pages[i] == kNoPage) {
-            ++i;
-            continue;
-          }
+        for (std::size_t i = seg->next_mapped(first, end); i < end; i = seg->next_mapped(i, end)) {
           const std::uint32_t slot = slot_of(seg->pages[i]);
           const HandleSlot& h = handles_[slot];
           const bool kept =
@@ -899,11 +877,8 @@ Releases MappedHandles::release_segment(StreamPool& pool, Block* b) {
     if (seg.unmapped_pages != seg.pages.size()) {
       wait_for_stream(ctx_, pool.stream);
       std::vector<std::uint32_t> slots;
-      for (std::size_t i = 0; i < seg.pages.size();) {
-        if (seg.pages[i] == kNoPage) {
-          ++i;
-          continue;
-        }
+      for (std::size_t i = seg.next_mapped(0, seg.pages.size()); i < seg.pages.size();
+           i = seg.next_mapped(i, seg.pages.size())) {
         slots.push_back(slot_of(seg.pages[i]));
         i = handles_[slots.back()].first + handles_[slots.back()].granules;
       }
@@ -1012,10 +987,8 @@ void MappedHandles::check(const std::vector<const Segment*>& segments) const {
         static_cast<std::size_t>(std::count(s->pages.begin(), s->pages.end(), kNoPage));
     for (std::size_t i = 0; i < s->pages.size(); ++i) {
       const bool mapped = (s->mapped_bits[i >> 6] >> (i & 63) & 1) != 0;
-      const bool coarse = (s->coarse_bits[i >> 6] >> (i & 63) & 1) != 0;
-      if (mapped != (s->pages[i] != kNoPage) ||
-          coarse != (mapped && (s->pages[i] & kCoarse) != 0)) {
-        fail(fmt::format("segment {:#x}: the bits of granule {} disagree with its page", s->base,
+      if (mapped != (s->pages[i] != kNoPage)) {
+        fail(fmt::format("segment {:#x}: the bit of granule {} disagrees with its page", s->base,
                          i));
       }
     }
