@@ -81,8 +81,8 @@ struct Stats {
   std::int64_t num_handles_created = 0;   ///< physical handles created
   std::int64_t num_handles_released = 0;  ///< physical handles returned to the device
   std::int64_t num_reclaim_syncs = 0;     ///< waits for a stream's work before unmapping
-  /// Near the limit: handles of several granules given back under a request so that it is
-  /// mapped on handles of one granule (the rest of the free block then holds no memory).
+  /// Handles reaching over several pages (max_handle_size_mb above a page) given back before a
+  /// smaller block took part of them (the page rule).
   std::int64_t num_handle_splits = 0;
   /// 1 when the engine was wanted but the device has no virtual memory or refused it at its
   /// first growth, so that classic segments serve instead (`virtual_memory_note()` says why).
