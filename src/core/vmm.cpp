@@ -339,11 +339,10 @@ bool MappedHandles::make_finer(StreamPool& pool, Block& b, std::uintptr_t hi) {
 // PyTorch's expandable segments (9/8 of the device) does: best fit packs them all together, and a
 // pass that repeats an earlier one places its blocks where that one did, on the handles it left
 // there. With 1 GiB ranges a later pass found ranges the first had not had yet, placed its blocks
-// there and had to map them anew: on a device of expandable segments' min_capacity, passes 2-3 of
-// `--repeat 3` ran out of memory on 3 of the 17 shared traces and made 52,362 device calls
-// (expandable segments: 27,122); with ranges of 9/8 of the device 32,642, of twice the device
-// 25,058 and none out of memory (docs/design.md, "Placement"). A request larger than the range
-// gets one of its own.
+// there and had to map them anew; with ranges of the device's size or 9/8 of it, near the limit
+// the blocks and the unmapped holes between them did not fit one range either (docs/design.md,
+// "Placement", has the device calls of each). A request larger than the range gets one of its
+// own.
 std::size_t MappedHandles::range_size(std::size_t size, bool small) const noexcept {
   const std::size_t least = ctx_.policy.segment_size(size);
   if (small) return round_up(std::max(least, kSmallRange), g_);
