@@ -17,19 +17,22 @@ std::uint64_t last_region(const Segment& s) noexcept {
 
 // The nodes first (this may throw), then the counts: a failure leaves no region counted. Nodes
 // are never freed before the table, so a segment added again (taken over by another pool) finds
-// its nodes and cannot fail.
+// its nodes and cannot fail. Both walks go a leaf at a time (an engine range can cover a hundred
+// thousand regions: one walk down the tree per leaf, not per region).
 void RegionTable::add(const Segment& segment, StreamPool* pool) {
   CISTERN_ASSERT_INTERNAL(segment.size != 0 && pool != nullptr);
-  for (std::uint64_t r = first_region(segment); r <= last_region(segment); ++r) make(r);
-  for (std::uint64_t r = first_region(segment); r <= last_region(segment); ++r) add(make(r), pool);
+  const std::uint64_t first = first_region(segment);
+  const std::uint64_t last = last_region(segment);
+  for (std::uint64_t r = first; r <= last; r = (r | (kLeafSize - 1)) + 1) make(r);
+  for_each_leaf_run(first, last, [&](Entry* run, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) add(run[i], pool);
+  });
 }
 
 void RegionTable::remove(const Segment& segment, StreamPool* pool) noexcept {
-  for (std::uint64_t r = first_region(segment); r <= last_region(segment); ++r) {
-    const Entry* e = find(r);
-    CISTERN_ASSERT_INTERNAL(e != nullptr);  // added with the segment: the entry exists
-    remove(const_cast<Entry&>(*e), pool);
-  }
+  for_each_leaf_run(first_region(segment), last_region(segment), [&](Entry* run, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) remove(run[i], pool);
+  });
 }
 
 // A pool already named counts one segment more; otherwise it takes a free name, or the region

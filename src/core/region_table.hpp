@@ -25,6 +25,7 @@
 // dies, so that readers need no reclamation scheme.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -129,6 +130,17 @@ class RegionTable {
     return leaf == nullptr ? nullptr : &leaf->entries[leaf_index(region)];
   }
   Entry& make(std::uint64_t region);  // the entry of `region`, its nodes created (global lock)
+  /// Calls f(entries, n) for each leaf's run of the regions [first, last], whose nodes exist.
+  template <class F>
+  void for_each_leaf_run(std::uint64_t first, std::uint64_t last, F&& f) noexcept {
+    for (std::uint64_t r = first; r <= last;) {
+      const std::uint64_t leaf_last = std::min<std::uint64_t>(last, r | (kLeafSize - 1));
+      const Entry* e = find(r);
+      CISTERN_ASSERT_INTERNAL(e != nullptr);  // added with the segment: the entry exists
+      f(const_cast<Entry*>(e), static_cast<std::size_t>(leaf_last - r + 1));
+      r = leaf_last + 1;
+    }
+  }
   void add(Entry& e, StreamPool* pool) noexcept;
   void remove(Entry& e, StreamPool* pool) noexcept;
 
