@@ -79,7 +79,7 @@ TEST_F(Engine, MapsOnlyThePagesABlockTouchesAndNeighboursShareThem) {
 // Which block serves a request never depends on what is mapped: the best fit, mapped where it
 // lacks pages, even when a larger cached block lies on mapped pages. (Taking the mapped block
 // saves a growth once, but a later pass of the same requests then finds its blocks elsewhere than
-// the first did and maps them there: see ARepeatedStepNearTheLimitMakesNoDeviceCall.)
+// the first did and maps them there: test_vmm_guarantee.cpp, SteadyState.)
 TEST_F(Engine, ServesTheBestFitWhateverIsMapped) {
   engine("", 1 * GiB);                                  // handles of one 2 MiB granule
   void* x = alloc->allocate(30 * MiB, default_stream);  // [0, 30) MiB
@@ -100,6 +100,30 @@ TEST_F(Engine, ServesTheBestFitWhateverIsMapped) {
   EXPECT_EQ(alloc->reserved_bytes(), 74 * MiB);
   alloc->check();
   for (void* p : {again, y, w}) alloc->deallocate(p, default_stream);
+}
+
+// A block of an expandable segment splits whenever 512 B or more are left, as PyTorch's do under
+// expandable segments; a classic segment's large block keeps a rest of up to 1 MiB.
+TEST_F(Engine, BlocksSplitAsInPyTorchsExpandableSegments) {
+  for (const bool vmm : {true, false}) {
+    SCOPED_TRACE(vmm ? "engine" : "classic segments");
+    if (vmm) {
+      engine("", 1 * GiB);
+    } else {
+      make("", 1 * GiB);
+    }
+    void* a = alloc->allocate(5 * MiB, default_stream);
+    void* pin = alloc->allocate(5 * MiB, default_stream);  // right after a: a's block stays 5 MiB
+    ASSERT_EQ(addr(pin), addr(a) + 5 * MiB);
+    alloc->deallocate(a, default_stream);
+    const std::int64_t before = allocated();
+    void* b = alloc->allocate(4 * MiB + 512 * KiB, default_stream);  // 512 KiB left
+    EXPECT_EQ(b, a);
+    EXPECT_EQ(allocated() - before, static_cast<std::int64_t>(vmm ? 4 * MiB + 512 * KiB : 5 * MiB));
+    alloc->check();
+    alloc->deallocate(b, default_stream);
+    alloc->deallocate(pin, default_stream);
+  }
 }
 
 TEST_F(Engine, TakesOverOtherStreamsSegmentsAndReclaimsTheSmallPoolForOneRequest) {
