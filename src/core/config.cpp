@@ -332,7 +332,7 @@ constexpr Option kOptions[] = {
      }},
     {kLargeSegmentKey, "MiB, > 10",
      "Segment size for requests between 1 MiB and 10 MiB (PyTorch's 20 MiB large buffer); "
-     "must be more than 10. Classic segments; the engine places such requests in 1 GiB address "
+     "must be more than 10. Classic segments; the engine places such requests in its address "
      "ranges.",
      [](Config& c, const std::string& text) { c.large_segment_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.large_segment_size); },
@@ -382,16 +382,14 @@ constexpr Option kOptions[] = {
      nullptr},
     {"small_handle_size_mb", "MiB, > 0",
      "With the engine: the small pool is near the limit when a 32nd of the room left is less "
-     "than this: growths are no longer extended over the rest of their page, and after a "
-     "reclaim a large free handle under a small request goes back first. With "
+     "than this: growths are no longer extended over the rest of their page. With "
      "release_threshold_mb, also the largest handle.",
      [](Config& c, const std::string& text) { c.small_handle_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.small_handle_size); },
      [](const Config& c) { return positive_size(c.small_handle_size); }},
     {"large_handle_size_mb", "MiB, > 0",
      "With the engine: the large pool is near the limit when a 32nd of the room left is less "
-     "than this: growths are no longer extended over the rest of their page, and after a "
-     "reclaim a large free handle under a small request goes back first. With "
+     "than this: growths are no longer extended over the rest of their page. With "
      "release_threshold_mb, also the largest handle.",
      [](Config& c, const std::string& text) { c.large_handle_size = parse_mib(text); },
      [](const Config& c) { return mib_text(c.large_handle_size); },
