@@ -79,14 +79,12 @@ struct Segment {
 
   // The virtual-memory engine (vmm.cpp, handle_table.hpp): an expandable segment is a reserved
   // address range whose granules ("pages") are mapped only where blocks need them. `pages[i]`
-  // names the slot of the handle mapped over granule i (the low 32 bits), with kCoarse set when
-  // that handle spans several granules, or is kNoPage. Classic segments have no pages and
-  // unmapped_pages == 0, so the cache-hit path tests one counter.
+  // names the slot of the handle mapped over granule i (the low 32 bits), or is kNoPage. Classic
+  // segments have no pages and unmapped_pages == 0, so the cache-hit path tests one counter.
   // kSpan is set when it reaches over more than one page of PyTorch's expandable segments'
   // grid (2 MiB small, 20 MiB large, from the segment's base): such a handle lies inside one
   // block that is not free, or under free blocks only (the page rule, vmm.cpp).
   static constexpr std::uint64_t kNoPage = ~std::uint64_t{0};
-  static constexpr std::uint64_t kCoarse = std::uint64_t{1} << 62;
   static constexpr std::uint64_t kSpan = std::uint64_t{1} << 61;
   std::vector<std::uint64_t> pages;
   // Beside `pages`, one bit per granule, set where it is mapped, so that the cache-hit path tests
@@ -140,18 +138,6 @@ struct Segment {
     const std::uint64_t page = pages[i];
     if (page == kNoPage || (page & kSpan) == 0) return false;
     return ((hi - base) & (page_size - 1)) != 0 || (i + 1 < pages.size() && pages[i + 1] == page);
-  }
-  /// How many pages under [lo, hi), a range of this segment, are not mapped.
-  std::size_t unmapped_under(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
-    if (unmapped_pages == 0) return 0;
-    const std::size_t first = first_page(lo);
-    const std::size_t last = end_page(hi);
-    std::size_t mapped = 0;
-    for (std::size_t w = first >> 6; w <= (last - 1) >> 6; ++w) {
-      mapped += static_cast<std::size_t>(
-          __builtin_popcountll(mapped_bits[w] & word_mask(w, first, last)));
-    }
-    return (last - first) - mapped;
   }
   /// The first mapped granule in [i, end), or `end`: a word of the bit vector at a time, so that
   /// a walk over the handles of a range as large as the device skips its unmapped stretches.

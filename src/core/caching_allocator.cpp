@@ -18,13 +18,11 @@ using detail::StreamPool;
 
 namespace {
 
-// mapped_for's test of an expandable segment with unmapped granules, out of line so that the
-// test of a fully mapped segment stays short.
-__attribute__((noinline)) bool part_mapped(const detail::SizePolicy& policy, const Block& b,
-                                           std::size_t size, bool small) noexcept {
+// mapped_for's test of an expandable segment with unmapped granules under the first `used` bytes
+// of `b`, out of line so that the test of a fully mapped segment stays short.
+__attribute__((noinline)) bool part_mapped(const Block& b, std::size_t used) noexcept {
   const detail::Segment& s = *b.segment;
   if (!s.expandable) return true;
-  const std::size_t used = policy.should_split(b.size, size, small, true) ? size : b.size;
   if (used != b.size && s.spans != 0 && s.cuts_span(b.addr + used)) return false;
   return s.pages_mapped(b.addr, b.addr + used);
 }
@@ -42,7 +40,7 @@ CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, st
   if (b.addr + used <= s.mapped_end) {
     return used == b.size || s.spans == 0 || !s.cuts_span(b.addr + used);
   }
-  return part_mapped(policy, b, size, small);
+  return part_mapped(b, used);
 }
 
 }  // namespace

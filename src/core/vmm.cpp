@@ -67,7 +67,6 @@ namespace cistern::detail {
 namespace {
 
 constexpr std::uint64_t kNoPage = Segment::kNoPage;
-constexpr std::uint64_t kCoarse = Segment::kCoarse;
 constexpr std::uint64_t kSpan = Segment::kSpan;
 
 /// The slot of the handle a mapped granule names.
@@ -664,8 +663,7 @@ bool MappedHandles::map_planned(StreamPool& pool, Segment& seg,
       handles_.place(slots[k], &seg, planned[k].first);
       const bool span = spans_pages(seg, planned[k].first, planned[k].granules);
       seg.spans += span ? 1 : 0;
-      const std::uint64_t page =
-          slots[k] | (planned[k].granules > 1 ? kCoarse : 0) | (span ? kSpan : 0);
+      const std::uint64_t page = slots[k] | (span ? kSpan : 0);
       for (std::size_t p = planned[k].first; p < planned[k].first + planned[k].granules; ++p) {
         seg.set_page(p, page);
       }
@@ -1013,9 +1011,9 @@ void MappedHandles::check(const std::vector<const Segment*>& segments) const {
       }
       const HandleSlot& h = handles_[slot];
       if (h.segment != s || h.first != i || h.first + h.granules > s->pages.size() ||
-          h.handle.bytes != h.granules * g_ || ((page & kCoarse) != 0) != (h.granules > 1) ||
+          h.handle.bytes != h.granules * g_ ||
           ((page & kSpan) != 0) != spans_pages(*s, h.first, h.granules) ||
-          (page & ~(kCoarse | kSpan)) != slot) {
+          (page & ~kSpan) != slot) {
         fail(fmt::format("handle {} is not placed whole at granule {} of segment {:#x}", slot, i,
                          s->base));
       }
