@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "allocator_impl.hpp"
 
@@ -323,28 +324,65 @@ void CachingAllocator::Impl::check_pool(const StreamPool& pool, Stats& totals) c
 // finds every allocated block: the counts add up to the segments there, a named pool has at
 // least its count of segments there, and a pool not named is reachable through `crowded`. No
 // region without a segment is counted.
+//
+// An engine range covers thousands of regions, so this sweeps the counted regions, which come in
+// ascending order, over the segments' spans sorted by their first region, rather than building a
+// map per region; only the spans over the current region are held (segments are disjoint: only a
+// few share a boundary region).
 void CachingAllocator::Impl::check_regions() const {
   auto fail = [](std::uint64_t region, const std::string& what) {
     throw InvariantViolation(fmt::format("cistern::check: region table, region {:#x}: {}",
                                          region << detail::RegionTable::kRegionShift, what));
   };
-  std::map<std::uint64_t, std::map<const StreamPool*, std::uint32_t>> expected;
+  struct Span {
+    std::uint64_t first;
+    std::uint64_t last;
+    const StreamPool* pool;
+  };
+  std::vector<Span> spans;
   for (const auto& pool : pools_.all()) {
     for (const detail::Segment* s = pool->segments(); s != nullptr; s = s->next) {
-      const std::uint64_t last = (s->base + s->size - 1) >> detail::RegionTable::kRegionShift;
-      for (std::uint64_t r = s->base >> detail::RegionTable::kRegionShift; r <= last; ++r) {
-        ++expected[r][pool.get()];
-      }
+      spans.push_back({s->base >> detail::RegionTable::kRegionShift,
+                       (s->base + s->size - 1) >> detail::RegionTable::kRegionShift, pool.get()});
     }
   }
-  std::size_t regions = 0;
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.first < b.first; });
+  std::size_t expected = 0;  // regions the segments overlap, each once
+  std::uint64_t next_uncounted = 0;
+  for (const Span& span : spans) {
+    const std::uint64_t from = std::max(span.first, next_uncounted);
+    if (span.last >= from) {
+      expected += static_cast<std::size_t>(span.last - from + 1);
+      next_uncounted = span.last + 1;
+    }
+  }
+  std::size_t counted = 0;
+  std::size_t entered = 0;
+  std::vector<Span> here;  // the spans over the region
+  std::vector<std::pair<const StreamPool*, std::uint32_t>> owners;
   regions_.for_each([&](std::uint64_t r, const detail::RegionTable::Entry& e) {
-    ++regions;
-    const auto found = expected.find(r);
-    if (found == expected.end()) fail(r, "counted, but no segment lies in it");
-    const auto& owners = found->second;
-    std::uint32_t total = 0;
-    for (const auto& owner : owners) total += owner.second;
+    ++counted;
+    const std::size_t held = here.size();
+    while (entered < spans.size() && spans[entered].first <= r) here.push_back(spans[entered++]);
+    const bool grew = here.size() != held;
+    here.erase(
+        std::remove_if(here.begin(), here.end(), [r = r](const Span& s) { return s.last < r; }),
+        here.end());
+    if (here.empty()) fail(r, "counted, but no segment lies in it");
+    if (grew || here.size() != held) {  // else the owners are the previous region's
+      owners.clear();
+      for (const Span& s : here) {
+        auto own = std::find_if(owners.begin(), owners.end(),
+                                [&](const auto& o) { return o.first == s.pool; });
+        if (own == owners.end()) {
+          owners.emplace_back(s.pool, 1);
+        } else {
+          ++own->second;
+        }
+      }
+    }
+    const auto total = static_cast<std::uint32_t>(here.size());
     if (e.segments[0] + e.segments[1] + e.others != total) {
       fail(r, fmt::format("counts {} segments but {} lie in it",
                           e.segments[0] + e.segments[1] + e.others, total));
@@ -353,7 +391,8 @@ void CachingAllocator::Impl::check_regions() const {
     for (int i = 0; i < 2; ++i) {
       if ((named[i] == nullptr) != (e.segments[i] == 0)) fail(r, "an owner without segments");
       if (named[i] == nullptr) continue;
-      const auto own = owners.find(named[i]);
+      const auto own = std::find_if(owners.begin(), owners.end(),
+                                    [&](const auto& o) { return o.first == named[i]; });
       if (own == owners.end() || own->second < e.segments[i]) {
         fail(r, "names a pool with fewer segments in it than counted");
       }
@@ -367,10 +406,10 @@ void CachingAllocator::Impl::check_regions() const {
       }
     }
   });
-  if (regions != expected.size()) {
+  if (counted != expected) {
     throw InvariantViolation(
         fmt::format("cistern::check: region table counts {} regions but the segments overlap {}",
-                    regions, expected.size()));
+                    counted, expected));
   }
 }
 

@@ -79,10 +79,16 @@ class RegionTable {
   /// Forgets `segment` as `pool`'s (global lock held): the reverse of `add`.
   void remove(const Segment& segment, StreamPool* pool) noexcept;
 
-  /// Calls f(region_number, entry) for every region any segment overlaps (global lock held).
+  /// Calls f(region_number, entry) for every region any segment overlaps, in ascending order of
+  /// region (global lock held).
   template <class F>
   void for_each(F&& f) const {
-    for (const auto& leaf : leaves_) {
+    std::vector<const Leaf*> ordered;
+    ordered.reserve(leaves_.size());
+    for (const auto& leaf : leaves_) ordered.push_back(leaf.get());
+    std::sort(ordered.begin(), ordered.end(),
+              [](const Leaf* a, const Leaf* b) { return a->first_region < b->first_region; });
+    for (const Leaf* leaf : ordered) {
       for (std::size_t i = 0; i < kLeafSize; ++i) {
         const Entry& e = leaf->entries[i];
         if (e.segments[0] + e.segments[1] + e.others != 0) f(leaf->first_region + i, e);
