@@ -113,7 +113,8 @@ TEST(Backing, SegmentsStopAtTheLimit) {
 }
 
 // A 50 MiB request in a fresh range of twice the device (8 GiB): handles on the page rule's 20 MiB
-// grid from the range's base (20 + 20 + 10 MiB), mapped in one run and recorded as one segment_map.
+// grid from the range's base, the last page mapped to its end as expandable segments map it (far
+// from the limit: 20 + 20 + 20 MiB), in one run recorded as one segment_map.
 TEST(Backing, EngineMapsARequestOnPages) {
   Harness h(/*engine=*/true);
   const std::size_t size = 50 * MiB;
@@ -124,14 +125,14 @@ TEST(Backing, EngineMapsARequestOnPages) {
   EXPECT_TRUE(seg.expandable);
   EXPECT_EQ(seg.size, 16 * GiB);
   EXPECT_EQ(growth.block->addr, seg.base);
-  EXPECT_EQ(h.reservation.bytes(), size);
+  EXPECT_EQ(h.reservation.bytes(), 60 * MiB);
   EXPECT_EQ(h.counters.handles_created, 3);
   EXPECT_EQ(h.counters.device_alloc, 3);
-  EXPECT_EQ(h.counters.pages_mapped, 25);
-  EXPECT_EQ(seg.unmapped_pages, seg.pages.size() - 25);
+  EXPECT_EQ(h.counters.pages_mapped, 30);
+  EXPECT_EQ(seg.unmapped_pages, seg.pages.size() - 30);
   EXPECT_EQ(h.device.counters().of(DeviceOp::reserve), 1u);
   EXPECT_EQ(h.device.counters().of(DeviceOp::create_physical), 3u);
-  const std::vector<std::pair<Action, std::size_t>> expected = {{Action::segment_map, size}};
+  const std::vector<std::pair<Action, std::size_t>> expected = {{Action::segment_map, 60 * MiB}};
   EXPECT_EQ(h.recorded(), expected);
   h.backing->check(h.segments());
 

@@ -23,7 +23,7 @@
 namespace cistern::replay {
 namespace {
 
-constexpr std::uint64_t kBlock = 30 * MiB;
+constexpr std::uint64_t kBlock = 40 * MiB;  // two whole pages of the engine's grid
 
 /// Builds a two-stream trace whose allocations are all `kBlock` bytes on stream 1.
 class Builder {
@@ -95,7 +95,7 @@ TEST(DeferredFrees, OutOfMemoryWaitsForThePendingFreeFirst) {
   // On a device with room for one block, B's miss makes PyTorch synchronize the events and
   // free the cache (synchronize_and_free_events, release_cached_blocks), then retry: A's segment
   // goes back and B gets a new one. No allocation fails.
-  const Result r = replay(one_late_free(4), "torch", 32 * MiB);
+  const Result r = replay(one_late_free(4), "torch", 48 * MiB);
   EXPECT_EQ(r.ooms, 0U);
   EXPECT_EQ(r.peak_reserved, kBlock);
   EXPECT_EQ(r.device_allocs, 2U);

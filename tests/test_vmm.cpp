@@ -51,8 +51,10 @@ TEST_F(Engine, IsOnByDefaultForSimDeviceAndOffWhenAsked) {
   EXPECT_THROW(CachingAllocator(plain, Config::parse("vmm:True")), InvalidArgument);
 }
 
-TEST_F(Engine, MapsOnlyThePagesABlockTouchesAndNeighboursShareThem) {
-  engine("", 64 * MiB);
+// Near the limit (less room left than 8 times what is mapped), a growth maps only the granules its
+// block touches.
+TEST_F(Engine, NearTheLimitMapsOnlyThePagesABlockTouchesAndNeighboursShareThem) {
+  engine("", 24 * MiB);
   // Two 3 MiB blocks cut from one 20 MiB segment: [0, 3) and [3, 6) MiB touch pages 0-1 and 1-2.
   void* a = alloc->allocate(3 * MiB, default_stream);
   void* b = alloc->allocate(3 * MiB, default_stream);
@@ -301,37 +303,41 @@ TEST_F(Engine, EmptyCacheReturnsEveryUnusedPageAndHandle) {
   EXPECT_EQ(device->live_reservations(), 0u);
 }
 
-// Handles lie inside the 20 MiB pages of expandable segments' grid (the page rule), a growth's
-// run of them is mapped in one call, and the granule a block ends inside - which the next block
-// shares - is a handle of its own.
-TEST_F(Engine, HandlesLieInsidePagesAndAGrowthIsMappedInOneRun) {
+// Far from the limit a growth maps as expandable segments do: handles inside the 20 MiB pages of
+// their grid (the page rule), the last page mapped to its end - the granule the next block shares
+// with the request included - and a growth's run of them mapped in one call. (Near the limit that
+// granule is a handle of its own: EngineHandles, NearTheLimitTheSharedLastGranule...)
+TEST_F(Engine, FarFromTheLimitAGrowthMapsWholePagesInOneRun) {
   make("vmm:True", 8 * GiB);  // defaults; plenty of room
   alloc->record_history(true, 1000);
-  // 3 MiB: granule 0, inside the block, and granule 1, which the next block will share. An empty
-  // pool's growth is not extended.
+  // 3 MiB: page 0 whole, one handle; the next 5 MiB block lies on it and makes no call.
   void* a = alloc->allocate(3 * MiB, default_stream);
-  EXPECT_EQ(alloc->reserved_bytes(), 4 * MiB);
-  EXPECT_EQ(reserved(), static_cast<std::int64_t>(4 * MiB));
-  EXPECT_EQ(device_calls(DeviceOp::create_physical), 2u);
-  void* a2 = alloc->allocate(5 * MiB, default_stream);  // [3, 8) MiB: granule 1 and one handle
+  EXPECT_EQ(alloc->reserved_bytes(), 20 * MiB);
+  EXPECT_EQ(reserved(), static_cast<std::int64_t>(20 * MiB));
+  EXPECT_EQ(device_calls(DeviceOp::create_physical), 1u);
+  void* a2 = alloc->allocate(5 * MiB, default_stream);  // [3, 8) MiB
   EXPECT_EQ(addr(a2), addr(a) + 3 * MiB);
-  EXPECT_EQ(stats().num_handles_created, 3);
-  // 100 MiB right after them (granules 4-53): a handle up to each page boundary, 6 in all.
+  EXPECT_EQ(stats().num_handles_created, 1);
+  // 100 MiB right after them, [8, 108) MiB: pages 1-5 (to 120 MiB), a handle each.
   void* b = alloc->allocate(100 * MiB, default_stream);
   EXPECT_EQ(addr(b), addr(a) + 8 * MiB);
-  EXPECT_EQ(alloc->reserved_bytes(), 108 * MiB);
-  EXPECT_EQ(stats().num_handles_created, 9);
-  EXPECT_EQ(stats().num_pages_mapped, 54);
+  EXPECT_EQ(alloc->reserved_bytes(), 120 * MiB);
+  EXPECT_EQ(stats().num_handles_created, 6);
+  EXPECT_EQ(stats().num_pages_mapped, 60);
   std::vector<std::size_t> runs;
   for (const HistoryEntry& e : alloc->history()) {
     if (e.action == HistoryEntry::Action::segment_map) runs.push_back(e.size);
   }
-  EXPECT_EQ(runs, (std::vector<std::size_t>{4 * MiB, 4 * MiB, 100 * MiB}));
+  EXPECT_EQ(runs, (std::vector<std::size_t>{20 * MiB, 100 * MiB}));
+  // The next 12 MiB lies on page 5's mapped rest: no call.
+  void* c = alloc->allocate(12 * MiB, default_stream);
+  EXPECT_EQ(addr(c), addr(a) + 108 * MiB);
+  EXPECT_EQ(stats().num_handles_created, 6);
   alloc->check();
-  for (void* p : {a, a2, b}) alloc->deallocate(p, default_stream);
+  for (void* p : {a, a2, b, c}) alloc->deallocate(p, default_stream);
   alloc->empty_cache();
   EXPECT_EQ(alloc->reserved_bytes(), 0u);
-  EXPECT_EQ(stats().num_handles_released, 9);
+  EXPECT_EQ(stats().num_handles_released, 6);
   EXPECT_EQ(device->used_bytes(), 0u);
 }
 
@@ -345,7 +351,7 @@ TEST_F(Engine, MaxHandleSizeCapsEachCreation) {
 }
 
 TEST_F(Engine, SnapshotAndHistoryDescribeExpandableSegments) {
-  engine("", 64 * MiB);
+  engine("", 24 * MiB);  // near the limit: only the two granules the block touches
   alloc->record_history(true, 1000);
   void* a = alloc->allocate(3 * MiB, default_stream);
   const Snapshot snap = alloc->snapshot();
@@ -488,7 +494,7 @@ TEST(EngineFaults, EveryFailingDeviceCallLeavesTheAllocatorConsistentAndNothingL
 
 // A failure part way through a map of several handles leaves none of them mapped or held.
 TEST(EngineFaults, AFailedMapPartWayLeavesNothingMapped) {
-  SimDevice device(sim_options(64 * MiB));
+  SimDevice device(sim_options(16 * MiB));  // near the limit: growths map only what blocks touch
   CachingAllocator alloc(device,
                          Config::parse("vmm:True,large_handle_size_mb:2,max_handle_size_mb:2"));
   void* first = alloc.allocate(2 * MiB, default_stream);  // a first growth: no fallback from now

@@ -138,19 +138,18 @@ class PluginTest(unittest.TestCase):
         snap = cistern.snapshot()
         self.assertEqual(sorted(snap), ["allocator_settings", "device_traces",
                                         "external_annotations", "segments"])
-        # The simulated device has virtual memory: the engine creates two handles of one
-        # granule in its 1 GiB address range (the granule the block ends inside is a handle of
-        # its own) and maps them in one run, and the snapshot shows the mapped range as an
-        # expandable segment, as PyTorch would.
+        # The simulated device has virtual memory: far from the limit the engine maps the
+        # block's whole 20 MiB page in its address range, as expandable segments do, and the
+        # snapshot shows the mapped range as an expandable segment, as PyTorch would.
         segment = snap["segments"][0]
-        self.assertEqual(segment["total_size"], 4 * MiB)
+        self.assertEqual(segment["total_size"], 20 * MiB)
         self.assertEqual(segment["segment_type"], "large")
         self.assertTrue(segment["is_expandable"])
         self.assertEqual(segment["segment_pool_id"], (0, 0))
-        self.assertEqual(segment["blocks"], [{"address": p, "size": 4 * MiB, "requested_size": 0,
+        self.assertEqual(segment["blocks"], [{"address": p, "size": 20 * MiB, "requested_size": 0,
                                               "state": "inactive", "frames": []}])
         actions = [(e["action"], e["addr"], e["size"]) for e in snap["device_traces"][0]]
-        self.assertEqual(actions, [("segment_map", p, 4 * MiB),
+        self.assertEqual(actions, [("segment_map", p, 20 * MiB),
                                    ("alloc", p, 3 * MiB), ("free_requested", p, 3 * MiB),
                                    ("free_completed", p, 3 * MiB)])
         self.assertEqual(snap["allocator_settings"]["max_split_size"], -1)

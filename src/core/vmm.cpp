@@ -13,14 +13,16 @@
 // cuMemSetAccess and a cuMemUnmap cost about 29 and 18 us for each mapping they cover, whatever
 // its size - so few large handles are what make the engine cheaper than cudaMalloc. But a handle
 // goes back only whole, so a large one under a small live block holds all its memory. The engine
-// therefore sizes each handle by the room the device and the limit leave (plan()): with room to
-// spare, one handle for the granules inside the request's block, whatever its size, and one for
-// a granule it shares with the next block, extended over the free rest of its page, so that the
-// next blocks cut from it need no call; the closer to the limit, the smaller the largest handle
-// (a 32nd of the room left), down to one granule, so that what a free block covers can be given
-// back. A handle never reaches past its page unless it lies inside the one block it was made for
-// (Note [The page rule]), so a handle made while there was room pins, under a small live block,
-// no more than expandable segments' page would.
+// therefore sizes each handle by the room the device and the limit leave (plan()): far from the
+// limit, as expandable segments map - the granules inside the request's block in page handles,
+// and the last page, the granule shared with the next block included, mapped to its end - so
+// that the next blocks cut from it need no call; nearer, the shared granule is a handle of its
+// own, so that the rest can go back once the block is freed, and the extension follows the room;
+// the closer to the limit, the smaller the largest handle (a 32nd of the room left), down to one
+// granule, so that what a free block covers can be given back. A handle never reaches past its page
+// unless it lies inside the one block it was made for (Note [The page rule]), so a handle made
+// while there was room pins, under a small live block, no more than expandable segments' page
+// would.
 //
 // Placement never depends on what is mapped: a request takes the best fit, as classic segments
 // and expandable segments do, and the miss path maps what it lacks. A pass that repeats an
@@ -96,6 +98,10 @@ constexpr std::size_t kMaxPieces = 6;
 /// it ends in).
 constexpr std::size_t kExtensionDivisor = 1024;
 constexpr std::size_t kGrowthDivisor = 8;
+/// Far from the limit - the room left after a growth at least kFarFromLimit times the memory
+/// reserved in all with it - a growth maps as expandable segments do: its last page to the end, the
+/// granule the next block shares with it included (docs/design.md, "Far from the limit").
+constexpr std::size_t kFarFromLimit = 8;
 
 /// A run of granules [first, end) of one segment.
 struct GranuleRun {
@@ -416,15 +422,17 @@ bool MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size, bool s
 //    whatever a block leaves free can go back;
 //  * near the limit a run is cut into at most kMaxPieces handles (of at most max_handle_size), so
 //    that a block does not cost a mapping per granule;
-//  * the last granule of a request that ends inside it, which the next block cut from the rest
-//    will share, is a handle of its own, so that when this block is freed its other handles can
-//    go back;
-//  * with room, the last run extends over the unmapped granules of the block that follow it, up
-//    to the smaller of after / kExtensionDivisor and `held` (the pool's mapped memory) /
-//    kGrowthDivisor, and never past the end of the page it ends in (expandable segments map
-//    whole pages): the next blocks cut from the block need no call, a pool's growths get larger
-//    as it does, and no handle reaches past its page. A request that ends on a handle of its own
-//    is not extended: the next growth maps that page.
+//  * far from the limit (`after` at least kFarFromLimit times the memory reserved in all once
+//    the request is mapped), the last run extends over the unmapped granules of the block to the
+//    end of the page it ends in, as expandable segments map whole pages: the next blocks cut from
+//    the block need no call, and no handle reaches past its page;
+//  * nearer, the last granule of a request that ends inside it, which the next block cut from
+//    the rest will share, is a handle of its own, so that when this block is freed its other
+//    handles can go back; and with room the last run extends over the unmapped granules of the
+//    block that follow it, up to the smaller of after / kExtensionDivisor and `held` (the pool's
+//    mapped memory) / kGrowthDivisor, never past the end of its page: a pool's growths get larger
+//    as it does. A request that ends on a handle of its own is not extended there: the next
+//    growth maps that page.
 std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun request,
                                                GranuleRun whole, std::size_t limit, bool small,
                                                std::size_t held, bool pages_only) {
@@ -448,6 +456,7 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
   const std::size_t after = room > need * g_ ? room - need * g_ : 0;
   const std::size_t largest =
       std::min(cap_granules(small), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
+  const bool far = after / kFarFromLimit >= ctx_.reservation.bytes() + need * g_;
   const std::size_t page = page_granules(seg);
   const bool whole_spans = cap_granules(small) > page && !pages_only;
   const auto inner = [&](const GranuleRun& r) {  // the part of a run that may be one handle
@@ -455,24 +464,26 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
     const bool spans = !in.empty() && whole_spans && spans_pages(seg, in.first, in.size());
     return spans ? in : GranuleRun{r.end, r.end};
   };
-  // The extension; not past a request that ends on a handle of its own: the next block's growth
-  // will map that page whole.
+  // The extension; nearer the limit, not past a request that ends on a handle of its own: the
+  // next block's growth will map that page whole. Far from it, to the end of the page.
   GranuleRun& tail = runs.back();
   const GranuleRun tail_inner = inner(tail);
   const bool ends_on_own_handle = !tail_inner.empty() && tail_inner.end == request.end;
-  if (largest >= unit && tail.end == request.end && !ends_on_own_handle) {
+  if (largest >= unit && tail.end == request.end && (far || !ends_on_own_handle)) {
     const std::size_t spread = std::clamp<std::size_t>(
         std::min(after / kExtensionDivisor, held / kGrowthDivisor) / g_, 1, page);
     const std::size_t page_end = ((request.end - 1) / page + 1) * page;
-    const std::size_t reach = tail.first + std::max(std::min(spread, largest), tail.size());
+    const std::size_t reach =
+        far ? page_end : tail.first + std::max(std::min(spread, largest), tail.size());
     while (tail.end < std::min({limit, page_end, reach}) && seg.pages[tail.end] == kNoPage) {
       ++tail.end;
     }
   }
-  // The last granule of a request that ends inside it goes in a handle of its own (but for the
-  // extension): the next block cut from the rest of the block shares that granule, and a handle
-  // that reached over it would stay whole under that block after this one is freed.
-  const bool alone_last = whole.end < request.end;
+  // Nearer the limit, the last granule of a request that ends inside it goes in a handle of its
+  // own (but for the extension): the next block cut from the rest of the block shares that
+  // granule, and a handle that reached over it would stay whole under that block after this one
+  // is freed.
+  const bool alone_last = !far && whole.end < request.end;
   for (const GranuleRun& r : runs) {
     const std::size_t piece =
         std::min(cap_granules(small), std::max(largest, (r.size() + kMaxPieces - 1) / kMaxPieces));
