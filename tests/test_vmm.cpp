@@ -341,6 +341,30 @@ TEST_F(Engine, FarFromTheLimitAGrowthMapsWholePagesInOneRun) {
   EXPECT_EQ(device->used_bytes(), 0u);
 }
 
+// Where "far" ends: a growth is far from the limit while the room left after it is at least 8
+// times all that is reserved with it. On 1 GiB, a 100 MiB block (920 MiB left >= 8 x 104) and a
+// 3 MiB block are far, the 3 MiB block's page mapped to its end; the next 3 MiB growth
+// (900 MiB left < 8 x 124) is near: the two granules it touches, the shared one on its own.
+TEST_F(Engine, AGrowthIsFarFromTheLimitWhileTheRoomLeftIsEightTimesWhatIsReserved) {
+  make("vmm:True", 1 * GiB);
+  void* a = alloc->allocate(100 * MiB, default_stream);  // [0, 100) MiB: pages 0-4
+  EXPECT_EQ(alloc->reserved_bytes(), 100 * MiB);
+  void* b = alloc->allocate(3 * MiB, default_stream);  // [100, 103): page 5 whole
+  EXPECT_EQ(alloc->reserved_bytes(), 120 * MiB);
+  EXPECT_EQ(stats().num_handles_created, 6);
+  void* c = alloc->allocate(17 * MiB, default_stream);  // [103, 120): on page 5, no call
+  EXPECT_EQ(addr(c), addr(b) + 3 * MiB);
+  EXPECT_EQ(stats().num_handles_created, 6);
+  void* d = alloc->allocate(3 * MiB, default_stream);  // [120, 123): granules 60 and 61
+  EXPECT_EQ(addr(d), addr(a) + 120 * MiB);
+  EXPECT_EQ(alloc->reserved_bytes(), 124 * MiB);
+  EXPECT_EQ(stats().num_handles_created, 8);
+  alloc->check();
+  for (void* p : {a, b, c, d}) alloc->deallocate(p, default_stream);
+  alloc->empty_cache();
+  EXPECT_EQ(alloc->reserved_bytes(), 0u);
+}
+
 TEST_F(Engine, MaxHandleSizeCapsEachCreation) {
   make("vmm:True,max_handle_size_mb:40", 8 * GiB);
   void* b = alloc->allocate(100 * MiB, default_stream);  // 40 + 40 + 20 MiB

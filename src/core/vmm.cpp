@@ -99,8 +99,9 @@ constexpr std::size_t kMaxPieces = 6;
 constexpr std::size_t kExtensionDivisor = 1024;
 constexpr std::size_t kGrowthDivisor = 8;
 /// Far from the limit - the room left after a growth at least kFarFromLimit times the memory
-/// reserved in all with it - a growth maps as expandable segments do: its last page to the end, the
-/// granule the next block shares with it included (docs/design.md, "Far from the limit").
+/// reserved in all with it, and the pool not near the limit by its handle size - a growth maps as
+/// expandable segments do: its last page to the end, the granule the next block shares with it
+/// included (docs/design.md, "Far from the limit").
 constexpr std::size_t kFarFromLimit = 8;
 
 /// A run of granules [first, end) of one segment.
@@ -423,9 +424,10 @@ bool MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size, bool s
 //  * near the limit a run is cut into at most kMaxPieces handles (of at most max_handle_size), so
 //    that a block does not cost a mapping per granule;
 //  * far from the limit (`after` at least kFarFromLimit times the memory reserved in all once
-//    the request is mapped), the last run extends over the unmapped granules of the block to the
-//    end of the page it ends in, as expandable segments map whole pages: the next blocks cut from
-//    the block need no call, and no handle reaches past its page;
+//    the request is mapped, and the pool not near the limit by its handle size), the last run
+//    extends over the unmapped granules of the block to the end of the page it ends in, as
+//    expandable segments map whole pages: the next blocks cut from the block need no call, and no
+//    handle reaches past its page;
 //  * nearer, the last granule of a request that ends inside it, which the next block cut from
 //    the rest will share, is a handle of its own, so that when this block is freed its other
 //    handles can go back; and with room the last run extends over the unmapped granules of the
@@ -456,7 +458,7 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
   const std::size_t after = room > need * g_ ? room - need * g_ : 0;
   const std::size_t largest =
       std::min(cap_granules(small), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
-  const bool far = after / kFarFromLimit >= ctx_.reservation.bytes() + need * g_;
+  const bool far = largest >= unit && after / kFarFromLimit >= ctx_.reservation.bytes() + need * g_;
   const std::size_t page = page_granules(seg);
   const bool whole_spans = cap_granules(small) > page && !pages_only;
   const auto inner = [&](const GranuleRun& r) {  // the part of a run that may be one handle
