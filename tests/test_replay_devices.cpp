@@ -471,9 +471,15 @@ TEST(ReplayPasses, ACachingPolicyMakesNoDeviceCallsAfterTheFirstPass) {
     EXPECT_EQ(r.passes[i].device_frees, 0u);
     EXPECT_EQ(r.passes[i].maps, 0u);
     EXPECT_EQ(r.passes[i].unmaps, 0u);
+    EXPECT_EQ(r.passes[i].device_ms, 0.0);
   }
   EXPECT_EQ(r.device_allocs, 2u);
   EXPECT_EQ(r.peak_reserved, 22 * MiB);
+  // Each pass's device time is its calls' price: the first pass's two segments are all of it.
+  const replay::CostModel costs = replay::CostModel::h200();
+  ASSERT_TRUE(r.device_ms.has_value());
+  EXPECT_GE(r.passes[0].device_ms, (costs.alloc_price(20 * MiB) + costs.alloc_price(2 * MiB)) / 1e6);
+  EXPECT_DOUBLE_EQ(r.passes[0].device_ms, *r.device_ms);
 }
 
 // The virtual-memory engine keeps its pages mapped in cached blocks: the first pass maps them,

@@ -73,6 +73,7 @@ nlohmann::ordered_json result_json(const replay::Result& r) {
       pass["maps"] = p.maps;
       pass["unmaps"] = p.unmaps;
       pass["device_calls"] = p.device_calls;
+      pass["device_ms"] = p.device_ms;
       if (p.planned) {
         pass["recorded"] = p.recorded;
         pass["plan_hits"] = p.plan_hits;

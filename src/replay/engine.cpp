@@ -79,6 +79,7 @@ PassResult pass_result(const Replayer& replayer, const DeviceCalls& before, std:
   pass.maps = now.maps - before.maps;
   pass.unmaps = now.unmaps - before.unmaps;
   pass.device_calls = all_calls(now) - all_calls(before);
+  pass.device_ms = (now.ns - before.ns) / 1e6;
   if (replayer.learning() != nullptr) {
     pass.planned = true;
     pass.recorded = plan_now.recorded - plan_before.recorded;

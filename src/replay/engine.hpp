@@ -173,6 +173,8 @@ struct PassResult {
   /// Every metered device call of the pass, of any kind (the four above, reservations, physical
   /// handles, events and stream waits, synchronisations).
   std::uint64_t device_calls = 0;
+  /// The simulated time of those calls (the cost model's price, failed calls included), in ms.
+  double device_ms = 0;
   /// The planned policy (learning passes; false for every other policy and for lifetime lists,
   /// planned whole ahead): how the pass's allocations were served - recorded (by the online
   /// allocator while the step was learnt), at their planned offset, in an idle interval of the
