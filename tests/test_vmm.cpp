@@ -365,6 +365,60 @@ TEST_F(Engine, AGrowthIsFarFromTheLimitWhileTheRoomLeftIsEightTimesWhatIsReserve
   EXPECT_EQ(alloc->reserved_bytes(), 0u);
 }
 
+// Which handles a reclaim takes when no single one covers the need: the largest first, and of one
+// size the one whose free block has been cached longest (least recently used), a free block's top
+// first (requests are cut from a free block's start). On 28 MiB with one-granule handles, three
+// free blocks - low, mid and high in the range, mid cached before the others - and a growth that
+// lacks two granules: they come from mid's top, in one unmap (lowest first would take low's,
+// highest first high's).
+TEST_F(Engine, AReclaimTakesTheLongestCachedHandlesFirstAndABlocksTopFirst) {
+  engine("", 28 * MiB);
+  alloc->record_history(true, 1000);
+  void* low = alloc->allocate(4 * MiB, default_stream);   // [0, 4) MiB
+  void* s1 = alloc->allocate(2 * MiB, default_stream);    // [4, 6)
+  void* mid = alloc->allocate(6 * MiB, default_stream);   // [6, 12)
+  void* s2 = alloc->allocate(2 * MiB, default_stream);    // [12, 14)
+  void* high = alloc->allocate(4 * MiB, default_stream);  // [14, 18)
+  void* s3 = alloc->allocate(2 * MiB, default_stream);    // [18, 20)
+  void* c = alloc->allocate(2 * MiB, default_stream);     // [20, 22)
+  void* s4 = alloc->allocate(2 * MiB, default_stream);    // [22, 24)
+  ASSERT_EQ(addr(s4), addr(low) + 22 * MiB);
+  ASSERT_EQ(alloc->reserved_bytes(), 24 * MiB);
+  ASSERT_EQ(stats().num_handles_created, 12);
+  alloc->deallocate(mid, default_stream);
+  alloc->deallocate(c, default_stream);
+  void* c2 = alloc->allocate(2 * MiB, default_stream);  // c's block again: a request goes by
+  ASSERT_EQ(c2, c);
+  alloc->deallocate(low, default_stream);  // both cached after mid
+  alloc->deallocate(high, default_stream);
+  // 8 MiB at [24, 32): 4 granules, room for 2; 7 one-granule handles lie under free blocks.
+  void* d = alloc->allocate(8 * MiB, default_stream);
+  EXPECT_EQ(addr(d), addr(low) + 24 * MiB);
+  std::vector<std::pair<std::uintptr_t, std::size_t>> unmaps;
+  for (const HistoryEntry& e : alloc->history()) {
+    if (e.action == HistoryEntry::Action::segment_unmap) unmaps.emplace_back(e.addr, e.size);
+  }
+  EXPECT_EQ(unmaps, (std::vector<std::pair<std::uintptr_t, std::size_t>>{
+                        {addr(mid) + 2 * MiB, 4 * MiB}}));
+  EXPECT_EQ(stats().num_pages_unmapped, 2);
+  EXPECT_EQ(alloc->reserved_bytes(), 28 * MiB);
+  EXPECT_EQ(device->used_bytes(), 28 * MiB);
+  alloc->check();
+  // low's and high's blocks are still mapped: 4 MiB requests there make no call.
+  const auto creates = device_calls(DeviceOp::create_physical);
+  const auto maps = device_calls(DeviceOp::map);
+  void* low2 = alloc->allocate(4 * MiB, default_stream);
+  void* high2 = alloc->allocate(4 * MiB, default_stream);
+  EXPECT_EQ(low2, low);
+  EXPECT_EQ(high2, high);
+  EXPECT_EQ(device_calls(DeviceOp::create_physical), creates);
+  EXPECT_EQ(device_calls(DeviceOp::map), maps);
+  for (void* p : {low2, high2, s1, s2, s3, c2, s4, d}) alloc->deallocate(p, default_stream);
+  alloc->empty_cache();
+  EXPECT_EQ(alloc->reserved_bytes(), 0u);
+  EXPECT_EQ(device->used_bytes(), 0u);
+}
+
 TEST_F(Engine, MaxHandleSizeCapsEachCreation) {
   make("vmm:True,max_handle_size_mb:40", 8 * GiB);
   void* b = alloc->allocate(100 * MiB, default_stream);  // 40 + 40 + 20 MiB

@@ -127,10 +127,12 @@ struct Keep {
 };
 
 /// A handle chosen to be unmapped and released: its slot, the pool (an index into the pool
-/// table) whose segment maps it.
+/// table) whose segment maps it, and how long the free block over it has been cached - the
+/// requests of its kind (small or large) the pool has served since (Block::gc_base).
 struct Victim {
   std::size_t pool;
   std::uint32_t slot;
+  std::uint64_t age;
 };
 
 class MappedHandles final : public Backing {
@@ -710,7 +712,9 @@ std::vector<Victim> MappedHandles::free_handles(Keep keep) const {
           const HandleSlot& h = handles_[slot];
           const bool kept =
               seg == keep.seg && h.first < keep.end && keep.first < h.first + h.granules;
-          if (h.first >= first && h.first + h.granules <= end && !kept) found.push_back({p, slot});
+          if (h.first >= first && h.first + h.granules <= end && !kept) {
+            found.push_back({p, slot, pools[p]->lookups(!seg->large) - b->gc_base});
+          }
           i = h.first + h.granules;
         }
       }
@@ -732,7 +736,10 @@ std::size_t MappedHandles::reclaim(const StreamPool* held, std::size_t want, Kee
 
 // reclaim with every pool lock held. Which handles go: the smallest one that covers `want` alone,
 // else the largest first until they do - the fewest calls, and the large cached blocks (which
-// serve only the rarer large requests) before the small ones. Each pool whose handles go has its
+// serve only the rarer large requests) before the small ones; among handles of one size, the one
+// whose free block has been cached longest first (least recently used, as a cache evicts: in a
+// training step the blocks the backward pass frees first are those the next forward pass asks
+// for last; docs/design.md, "Which handles a reclaim takes"). Each pool whose handles go has its
 // stream's work waited for first (once); adjacent handles of one segment go in one unmap.
 // `failures`: where to count releases the device refused (their handles stay, unplaced, and count
 // as reserved until a later release succeeds); nullptr: not counted.
@@ -740,13 +747,23 @@ std::size_t MappedHandles::reclaim_locked(std::size_t want, Keep keep, std::size
                                           Unmap why) {
   std::vector<Victim> victims = free_handles(keep);
   const auto bytes_of = [&](const Victim& v) { return handles_[v.slot].granules * g_; };
+  const auto top_of = [&](const Victim& v) {
+    const HandleSlot& h = handles_[v.slot];
+    return h.segment->base + (h.first + h.granules) * g_;
+  };
   if (want != SIZE_MAX) {
-    std::stable_sort(victims.begin(), victims.end(),
-                     [&](const Victim& x, const Victim& y) { return bytes_of(x) > bytes_of(y); });
-    const auto alone = std::find_if(victims.rbegin(), victims.rend(),
-                                    [&](const Victim& v) { return bytes_of(v) >= want; });
-    if (alone != victims.rend()) {
-      victims = {*alone};
+    std::sort(victims.begin(), victims.end(), [&](const Victim& x, const Victim& y) {
+      if (bytes_of(x) != bytes_of(y)) return bytes_of(x) > bytes_of(y);
+      if (x.age != y.age) return x.age > y.age;
+      return top_of(x) > top_of(y);
+    });
+    // The smallest size that covers `want` alone, and of that size the longest cached handle.
+    const auto smallest = std::find_if(victims.rbegin(), victims.rend(),
+                                       [&](const Victim& v) { return bytes_of(v) >= want; });
+    if (smallest != victims.rend()) {
+      const std::size_t size = bytes_of(*smallest);
+      victims = {*std::find_if(victims.begin(), victims.end(),
+                               [&](const Victim& v) { return bytes_of(v) == size; })};
     } else {
       std::size_t total = 0;
       std::size_t n = 0;
