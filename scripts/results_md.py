@@ -395,10 +395,10 @@ def time_target(real):
                   None if worst is None else worst[0], misses, text)
 
 
-def at_expandable_min_target(real, at_expandable_min):
-    """Target 8: on a device of expandable segments' own min_capacity, cistern's device time at
-    most expandable segments' there on all but TIME_AT_EXPANDABLE_MIN_MISSES traces; running out
-    of memory there is a miss."""
+def cold_pass_there(real, at_expandable_min):
+    """A single cold pass on a device of expandable segments' min_capacity: [(x, trace)] of
+    cistern's device time / expandable segments' there, and the misses ([(trace, why)]: more
+    time, an out-of-memory error, no figure)."""
     misses, xs = [], []
     for name, rows in real.items():
         there = at_expandable_min.get(name, {})
@@ -418,14 +418,71 @@ def at_expandable_min_target(real, at_expandable_min):
         xs.append((x, name))
         if x > 1.0:
             misses.append((name, fmt_times(x)))
+    return xs, misses
+
+
+def later_ms(row):
+    """The device time of passes 2 and later of a `--repeat` row, ms (None without passes)."""
+    passes = (row or {}).get("passes") or []
+    return sum(p.get("device_ms", 0.0) for p in passes[1:]) if len(passes) > 1 else None
+
+
+def steady_state_there(real, repeat_there):
+    """Passes 2-3 of `--repeat 3` on a device of expandable segments' min_capacity: [(x, trace)]
+    of cistern's device time / expandable segments' there, and the misses. Where expandable
+    segments run out of memory and cistern does not, cistern holds (x is not defined there);
+    cistern out of memory is a miss."""
+    misses, xs = [], []
+    for name in real:
+        there = repeat_there.get(name, {})
+        cistern, expandable = usable(there, "cistern"), usable(there, EXPANDABLE)
+        if cistern is None or later_ms(cistern) is None:
+            misses.append((name, "no figure"))
+        elif cistern.get("ooms"):
+            misses.append((name, "out of memory"))
+        elif expandable is None or later_ms(expandable) is None:
+            misses.append((name, "no figure of expandable segments'"))
+        elif not expandable.get("ooms"):
+            x = times(later_ms(cistern), later_ms(expandable))
+            if x is None:  # expandable segments make no call there
+                x = 1.0 if later_ms(cistern) == 0 else float("inf")
+            xs.append((x, name))
+            if x > 1.0:
+                misses.append((name, fmt_times(x)))
+    return xs, misses
+
+
+def at_expandable_min_target(real, at_expandable_min, repeat_there=None):
+    """Target 8: on a device of expandable segments' own min_capacity, cistern's device time at
+    most expandable segments' there on all but TIME_AT_EXPANDABLE_MIN_MISSES traces; running out
+    of memory there is a miss. Under pressure is where calls repeat (issue 22): with the
+    `--repeat 3` replays there (`repeat_there`), the time counted is that of passes 2-3, the
+    steady state a training loop pays at every step, and the single cold pass is stated beside
+    it; without them, the single cold pass is counted."""
+    cold, cold_misses = cold_pass_there(real, at_expandable_min)
+    cold_worst = max(cold) if cold else None
+    cold_text = "" if cold_worst is None else (
+        f"worst {fmt_times(cold_worst[0])} (`{cold_worst[1]}`)")
+    if not repeat_there:
+        return count_target(
+            "time_at_expandable_min",
+            "on a device of expandable segments' min_capacity, cistern's device time at most "
+            "expandable segments' there, with no out-of-memory error,", cold_misses, len(real),
+            None if cold_worst is None else cold_worst[0],
+            allowed=TIME_AT_EXPANDABLE_MIN_MISSES, detail=cold_text and f"; {cold_text}")
+    xs, misses = steady_state_there(real, repeat_there)
     worst = max(xs) if xs else None
     detail = "" if worst is None else f"; worst {fmt_times(worst[0])} (`{worst[1]}`)"
+    after = (f"; a single cold pass there (paid once per process) costs at most expandable "
+             f"segments' on {len(real) - len(cold_misses)} of {len(real)}"
+             f"{', ' + cold_text if cold_text else ''}")
     return count_target(
         "time_at_expandable_min",
-        "on a device of expandable segments' min_capacity, cistern's device time at most "
-        "expandable segments' there, with no out-of-memory error,", misses, len(real),
-        None if worst is None else worst[0], allowed=TIME_AT_EXPANDABLE_MIN_MISSES,
-        detail=detail)
+        "on a device of expandable segments' min_capacity, with `--repeat 3`, cistern's device "
+        "time in passes 2-3 (the steady state) at most expandable segments' there, with no "
+        "out-of-memory error (where expandable segments run out of memory and cistern does not, "
+        "cistern's holds),", misses, len(real), None if worst is None else worst[0],
+        allowed=TIME_AT_EXPANDABLE_MIN_MISSES, detail=detail, after=after)
 
 
 def expandable_time_there(rows, there):
@@ -475,19 +532,19 @@ def repeat_target(repeat):
         f"{quiet[EXPANDABLE]}){events}")
 
 
-def targets(real, repeat, at_expandable_min):
+def targets(real, repeat, at_expandable_min, repeat_there=None):
     """Every target that the given replays can count, in the issue's order (7 with `--repeat`
     replays, 8 with replays on a device of expandable segments' min_capacity)."""
     out = memory_targets(real) + [reserved_target(real), time_target(real)]
     if repeat:
         out.append(repeat_target(repeat))
     if at_expandable_min:
-        out.append(at_expandable_min_target(real, at_expandable_min))
+        out.append(at_expandable_min_target(real, at_expandable_min, repeat_there))
     return out
 
 
-def targets_section(real, repeat, at_expandable_min):
-    found = targets(real, repeat, at_expandable_min)
+def targets_section(real, repeat, at_expandable_min, repeat_there=None):
+    found = targets(real, repeat, at_expandable_min, repeat_there)
     met = sum(1 for t in found if t.met)
     return ["## Targets", "",
             f"Issue 22's targets for cistern's defaults (the virtual-memory engine: never worse "
@@ -609,7 +666,36 @@ def repeat_table(repeat):
     return "\n".join(lines)
 
 
-def device_sections(real, model, repeat, at_expandable_min):
+def pressure_table(real, repeat_there):
+    """`--repeat 3` on a device of expandable segments' min_capacity: device time (ms) and
+    device memory calls of passes 2-3, and out-of-memory errors, of expandable segments and
+    cistern."""
+    head = ["trace", "expandable: passes 2-3 ms", "calls", "out of memory", "cistern: passes 2-3 ms",
+            "calls", "out of memory", "/ expandable"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in real:
+        there = repeat_there.get(name, {})
+        cells = [f"`{name}`"]
+        for policy in (EXPANDABLE, "cistern"):
+            row = usable(there, policy)
+            if row is None or later_ms(row) is None:
+                cells += ["-", "-", "-"]
+            else:
+                cells += [ms(later_ms(row)), str(later_calls(there, policy)), str(row.get("ooms", 0))]
+        c, e = usable(there, "cistern"), usable(there, EXPANDABLE)
+        if c is None or e is None or later_ms(c) is None or later_ms(e) is None:
+            cells.append("-")
+        elif e.get("ooms") and not c.get("ooms"):
+            cells.append("(expandable out of memory)")
+        elif later_ms(e) == 0 and later_ms(c) == 0:
+            cells.append("(no call)")
+        else:
+            cells.append(fmt_times(times(later_ms(c), later_ms(e))))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def device_sections(real, model, repeat, at_expandable_min, repeat_there=None):
     """The device-time sections (the at-the-limit one only when the replays on a device of
     expandable segments' min_capacity were given, the steady-state one only with `--repeat`)."""
     out = ["## Device time", "",
@@ -631,6 +717,13 @@ def device_sections(real, model, repeat, at_expandable_min):
                 "expandable segments' min_capacity (`--capacity`, trace by trace), against "
                 "expandable segments' time there.", "",
                 at_capacity_table(real, at_expandable_min), ""]
+    if repeat_there:
+        out += ["### Under pressure, step after step", "",
+                "`--repeat 3` on a device of expandable segments' min_capacity (trace by trace): "
+                "the device time and the device memory calls (segments allocated and freed, "
+                "maps, unmaps) of passes 2 and 3 - what a training loop that runs at the limit "
+                "pays at every step - and the out-of-memory errors of all three passes.", "",
+                pressure_table(real, repeat_there), ""]
     if repeat:
         out += ["### Steady state", "",
                 "`--repeat 3` on the 80 GiB device: device memory calls (segments allocated and "
@@ -703,6 +796,8 @@ def main():
     parser.add_argument("--at-expandable-min", nargs="*", default=[],
                         help="replays of cistern and expandable segments on a device of "
                              "expandable segments' min_capacity (--capacity), one per trace")
+    parser.add_argument("--at-expandable-min-repeat", nargs="*", default=[],
+                        help="the same with --repeat 3 (the steady state under pressure)")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--machine", default="unknown")
     parser.add_argument("--version", default="unknown")
@@ -742,8 +837,9 @@ def main():
     real = {name: rows for name, rows in traces.items() if name.split("/")[0] in REAL_FAMILIES}
     repeat = rows_by_trace(args.repeat)
     at_expandable_min = rows_by_trace(args.at_expandable_min)
+    repeat_there = rows_by_trace(args.at_expandable_min_repeat)
     if real:
-        out += targets_section(real, repeat, at_expandable_min)
+        out += targets_section(real, repeat, at_expandable_min, repeat_there)
         out += ["## Real workloads at a glance", "",
                 f"Across the {len(real)} traces recorded from real programs (PyTorch snapshots, "
                 f"the Kineto trace, SOMAS lists; minimalloc's synthetic instances have their own "
@@ -757,7 +853,7 @@ def main():
                 "peak_live (negative: cistern needs less).", "", min_capacity_table(real), ""]
         out += device_sections(
             real, cost_model_name(args.json + args.repeat + args.at_expandable_min), repeat,
-            at_expandable_min)
+            at_expandable_min, repeat_there)
     for family, rows in families.items():
         out += [f"## {FAMILIES.get(family, family)}", "", family_table(rows), ""]
     out.append(HOW_TO_READ)

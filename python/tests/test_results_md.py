@@ -294,6 +294,61 @@ class AtExpandableMinTarget(unittest.TestCase):
                       table)
 
 
+class AtExpandableMinSteadyState(unittest.TestCase):
+    """Target 8 with the `--repeat 3` replays there: the device time of passes 2-3 counted (the
+    steady state under pressure), the single cold pass stated beside it."""
+
+    NAMES = ("s/fast", "s/equal", "s/slow", "s/expoom", "s/oom", "s/quiet", "s/missing")
+
+    @staticmethod
+    def timed(*ms, ooms=0):
+        return {"passes": [{"peak_reserved": LIVE, "device_allocs": 0, "device_frees": 0,
+                            "maps": 1 if t else 0, "unmaps": 0, "device_calls": 1 if t else 0,
+                            "device_ms": t} for t in ms], "ooms": ooms}
+
+    def repeat_there(self):
+        rows = []
+        for name, c, e in (("s/fast", self.timed(9.0, 1.0, 1.0), self.timed(5.0, 2.0, 2.0)),
+                           ("s/equal", self.timed(9.0, 1.5, 1.5), self.timed(5.0, 2.0, 1.0)),
+                           ("s/slow", self.timed(9.0, 2.5, 2.5), self.timed(5.0, 2.0, 2.0)),
+                           ("s/expoom", self.timed(9.0, 3.0, 3.0),
+                            self.timed(5.0, 1.0, 1.0, ooms=2)),
+                           ("s/oom", self.timed(9.0, 0.0, 0.0, ooms=1),
+                            self.timed(5.0, 2.0, 2.0)),
+                           ("s/quiet", self.timed(9.0, 0.0, 0.0), self.timed(5.0, 0.0, 0.0))):
+            rows += [row(name, "cistern", **c), row(name, EXP, **e)]
+        return traces(rows)
+
+    def test_passes_2_3_are_counted_and_expandables_out_of_memory_holds(self):
+        real = AtExpandableMinTarget().real(self.NAMES)
+        cold = traces([r for name in self.NAMES for r in (row(name, "cistern", device_ms=9.0),
+                                                          row(name, EXP, device_ms=5.0))])
+        t = rm.at_expandable_min_target(real, cold, self.repeat_there())
+        self.assertEqual((t.key, t.count, t.total, t.met), ("time_at_expandable_min", 4, 7, False))
+        self.assertEqual(t.misses, [("s/slow", "1.25x"), ("s/oom", "out of memory"),
+                                    ("s/missing", "no figure")])
+        self.assertAlmostEqual(t.worst, 1.25)
+        self.assertIn("passes 2-3 (the steady state)", t.text)
+        self.assertIn("on 4 of 7 traces (target: at least 5); worst 1.25x (`s/slow`)", t.text)
+        # Every cold pass there costs 9 ms against 5: none within expandable segments'.
+        self.assertIn("a single cold pass there (paid once per process) costs at most expandable "
+                      "segments' on 0 of 7, worst 1.80x", t.text)
+        table = rm.pressure_table(real, self.repeat_there())
+        self.assertIn("| `s/slow` | 4.00 | 2 | 0 | 5.00 | 2 | 0 | 1.25x |", table)
+        self.assertIn("| `s/expoom` | 2.00 | 2 | 2 | 6.00 | 2 | 0 | (expandable out of memory) |",
+                      table)
+        self.assertIn("| `s/missing` | - | - | - | - | - | - | - |", table)
+        self.assertIn("| `s/quiet` | 0.00 | 0 | 0 | 0.00 | 0 | 0 | (no call) |", table)
+
+    def test_without_the_repeat_replays_the_cold_pass_is_counted(self):
+        real = AtExpandableMinTarget().real(self.NAMES[:2])
+        cold = traces([row("s/fast", "cistern", device_ms=4.0), row("s/fast", EXP, device_ms=5.0),
+                       row("s/equal", "cistern", device_ms=6.0), row("s/equal", EXP, device_ms=5.0)])
+        t = rm.at_expandable_min_target(real, cold)
+        self.assertEqual((t.count, t.total), (1, 2))
+        self.assertNotIn("passes 2-3", t.text)
+
+
 class AllTargets(unittest.TestCase):
     def test_the_issues_order_and_the_optional_ones(self):
         real = traces(memory_rows("h/x", 1_050_000, 1_010_000, 1_012_000))
