@@ -478,7 +478,8 @@ TEST(ReplayPasses, ACachingPolicyMakesNoDeviceCallsAfterTheFirstPass) {
   // Each pass's device time is its calls' price: the first pass's two segments are all of it.
   const replay::CostModel costs = replay::CostModel::h200();
   ASSERT_TRUE(r.device_ms.has_value());
-  EXPECT_GE(r.passes[0].device_ms, (costs.alloc_price(20 * MiB) + costs.alloc_price(2 * MiB)) / 1e6);
+  EXPECT_GE(r.passes[0].device_ms,
+            (costs.alloc_price(20 * MiB) + costs.alloc_price(2 * MiB)) / 1e6);
   EXPECT_DOUBLE_EQ(r.passes[0].device_ms, *r.device_ms);
 }
 

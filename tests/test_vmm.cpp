@@ -398,8 +398,8 @@ TEST_F(Engine, AReclaimTakesTheLongestCachedHandlesFirstAndABlocksTopFirst) {
   for (const HistoryEntry& e : alloc->history()) {
     if (e.action == HistoryEntry::Action::segment_unmap) unmaps.emplace_back(e.addr, e.size);
   }
-  EXPECT_EQ(unmaps, (std::vector<std::pair<std::uintptr_t, std::size_t>>{
-                        {addr(mid) + 2 * MiB, 4 * MiB}}));
+  EXPECT_EQ(unmaps,
+            (std::vector<std::pair<std::uintptr_t, std::size_t>>{{addr(mid) + 2 * MiB, 4 * MiB}}));
   EXPECT_EQ(stats().num_pages_unmapped, 2);
   EXPECT_EQ(alloc->reserved_bytes(), 28 * MiB);
   EXPECT_EQ(device->used_bytes(), 28 * MiB);
