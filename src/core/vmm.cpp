@@ -739,8 +739,9 @@ std::size_t MappedHandles::reclaim(const StreamPool* held, std::size_t want, Kee
 // serve only the rarer large requests) before the small ones; among handles of one size, the one
 // whose free block has been cached longest first (least recently used, as a cache evicts: in a
 // training step the blocks the backward pass frees first are those the next forward pass asks
-// for last; docs/design.md, "Which handles a reclaim takes"). Each pool whose handles go has its
-// stream's work waited for first (once); adjacent handles of one segment go in one unmap.
+// for last), and of one free block its top first (a request is cut from a free block's start;
+// docs/design.md, "Which handles a reclaim takes"). Each pool whose handles go has its stream's
+// work waited for first (once); adjacent handles of one segment go in one unmap.
 // `failures`: where to count releases the device refused (their handles stay, unplaced, and count
 // as reserved until a later release succeeds); nullptr: not counted.
 std::size_t MappedHandles::reclaim_locked(std::size_t want, Keep keep, std::size_t* failures,
