@@ -427,28 +427,45 @@ def later_ms(row):
     return sum(p.get("device_ms", 0.0) for p in passes[1:]) if len(passes) > 1 else None
 
 
+EXPANDABLE_OOM = "expandable segments ran out of memory"
+
+
+def steady_state_of(there):
+    """Passes 2-3 of `--repeat 3` of one trace on a device of expandable segments' min_capacity,
+    as the target and the table both read them: (why, x). `why` is None when cistern's time
+    counts, and `x` is then its ratio to expandable segments' (1.0 when neither calls the device,
+    infinite when only cistern does); else `why` says why it does not count: no figure, cistern
+    out of memory (a miss), or EXPANDABLE_OOM (expandable segments ran out of memory and cistern
+    did not: cistern holds)."""
+    cistern, expandable = usable(there, "cistern"), usable(there, EXPANDABLE)
+    if cistern is None or later_ms(cistern) is None:
+        return "no figure", None
+    if cistern.get("ooms"):
+        return "out of memory", None
+    if expandable is None or later_ms(expandable) is None:
+        return "no figure of expandable segments'", None
+    if expandable.get("ooms"):
+        return EXPANDABLE_OOM, None
+    c, e = later_ms(cistern), later_ms(expandable)
+    if e == 0:
+        return None, 1.0 if c == 0 else float("inf")
+    return None, c / e
+
+
 def steady_state_there(real, repeat_there):
     """Passes 2-3 of `--repeat 3` on a device of expandable segments' min_capacity: [(x, trace)]
-    of cistern's device time / expandable segments' there, and the misses. Where expandable
-    segments run out of memory and cistern does not, cistern holds (x is not defined there);
-    cistern out of memory is a miss."""
+    of cistern's device time / expandable segments' there, and the misses (steady_state_of)."""
     misses, xs = [], []
     for name in real:
-        there = repeat_there.get(name, {})
-        cistern, expandable = usable(there, "cistern"), usable(there, EXPANDABLE)
-        if cistern is None or later_ms(cistern) is None:
-            misses.append((name, "no figure"))
-        elif cistern.get("ooms"):
-            misses.append((name, "out of memory"))
-        elif expandable is None or later_ms(expandable) is None:
-            misses.append((name, "no figure of expandable segments'"))
-        elif not expandable.get("ooms"):
-            x = times(later_ms(cistern), later_ms(expandable))
-            if x is None:  # expandable segments make no call there
-                x = 1.0 if later_ms(cistern) == 0 else float("inf")
-            xs.append((x, name))
-            if x > 1.0:
-                misses.append((name, fmt_times(x)))
+        why, x = steady_state_of(repeat_there.get(name, {}))
+        if why == EXPANDABLE_OOM:
+            continue
+        if why is not None:
+            misses.append((name, why))
+            continue
+        xs.append((x, name))
+        if x > 1.0:
+            misses.append((name, fmt_times(x)))
     return xs, misses
 
 
@@ -682,15 +699,15 @@ def pressure_table(real, repeat_there):
                 cells += ["-", "-", "-"]
             else:
                 cells += [ms(later_ms(row)), str(later_calls(there, policy)), str(row.get("ooms", 0))]
-        c, e = usable(there, "cistern"), usable(there, EXPANDABLE)
-        if c is None or e is None or later_ms(c) is None or later_ms(e) is None:
-            cells.append("-")
-        elif e.get("ooms") and not c.get("ooms"):
+        why, x = steady_state_of(there)
+        if why == EXPANDABLE_OOM:
             cells.append("(expandable out of memory)")
-        elif later_ms(e) == 0 and later_ms(c) == 0:
+        elif why is not None:
+            cells.append("-" if why.startswith("no figure") else f"(cistern {why})")
+        elif x == 1.0 and later_ms(usable(there, EXPANDABLE)) == 0:
             cells.append("(no call)")
         else:
-            cells.append(fmt_times(times(later_ms(c), later_ms(e))))
+            cells.append(fmt_times(x))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -339,6 +339,8 @@ class AtExpandableMinSteadyState(unittest.TestCase):
                       table)
         self.assertIn("| `s/missing` | - | - | - | - | - | - | - |", table)
         self.assertIn("| `s/quiet` | 0.00 | 0 | 0 | 0.00 | 0 | 0 | (no call) |", table)
+        # The table and the target read each trace alike (steady_state_of).
+        self.assertIn("| `s/oom` | 4.00 | 2 | 0 | 0.00 | 0 | 1 | (cistern out of memory) |", table)
 
     def test_without_the_repeat_replays_the_cold_pass_is_counted(self):
         real = AtExpandableMinTarget().real(self.NAMES[:2])
