@@ -419,6 +419,44 @@ TEST_F(Engine, AReclaimTakesTheLongestCachedHandlesFirstAndABlocksTopFirst) {
   EXPECT_EQ(device->used_bytes(), 0u);
 }
 
+// The last resort: where the best fit cannot be backed even after the whole cache went back,
+// the request goes to the free block, start or end, where the fewest granules are missing. Here
+// the other free block's mapped ends lie on page handles that blocks in use share; another
+// process takes every byte the device has left, so both requests would be out of memory on the
+// best fit.
+TEST_F(Engine, WhereTheBestFitCannotBeBackedTheFreeBlockMissingTheFewestGranulesServes) {
+  make("vmm:True", 1 * GiB);  // defaults; far from the limit, growths map whole 20 MiB pages
+  void* x = alloc->allocate(30 * MiB, default_stream);  // [0, 30) MiB: pages 0 and 1, to 40 MiB
+  void* y = alloc->allocate(8 * MiB, default_stream);   // [30, 38): on page 1, no call
+  ASSERT_EQ(addr(y), addr(x) + 30 * MiB);
+  ASSERT_EQ(alloc->reserved_bytes(), 40 * MiB);
+  alloc->deallocate(x, default_stream);
+  alloc->empty_cache();  // page 0 goes back; page 1 stays under y: [20, 30) and [38, 40) mapped
+  ASSERT_EQ(alloc->reserved_bytes(), 20 * MiB);
+  void* other = nullptr;  // another process takes the rest of the device
+  ASSERT_EQ(device->allocate(device->capacity() - device->used_bytes(), &other), Status::ok);
+  const auto maps = device_calls(DeviceOp::map);
+  // 10 MiB: the best fit is [0, 30) (5 granules at its start, none free); its end is mapped.
+  void* a = alloc->allocate(10 * MiB, default_stream);
+  EXPECT_EQ(addr(a), addr(x) + 20 * MiB);
+  // 2 MiB: the best fit is [0, 20) (a granule); the start of [38, ...) is mapped.
+  void* b = alloc->allocate(2 * MiB, default_stream);
+  EXPECT_EQ(addr(b), addr(x) + 38 * MiB);
+  EXPECT_EQ(device_calls(DeviceOp::map), maps);
+  EXPECT_EQ(stats().num_oom_rescues, 2);
+  EXPECT_EQ(stats().num_ooms, 0);
+  alloc->check();
+  // Nothing is left mapped anywhere: a third request is out of memory.
+  EXPECT_THROW(alloc->allocate(2 * MiB, default_stream), OutOfMemory);
+  EXPECT_EQ(stats().num_oom_rescues, 2);
+  alloc->check();
+  ASSERT_EQ(device->deallocate(other), Status::ok);
+  for (void* p : {a, b, y}) alloc->deallocate(p, default_stream);
+  alloc->empty_cache();
+  EXPECT_EQ(alloc->reserved_bytes(), 0u);
+  EXPECT_EQ(device->used_bytes(), 0u);
+}
+
 TEST_F(Engine, MaxHandleSizeCapsEachCreation) {
   make("vmm:True,max_handle_size_mb:40", 8 * GiB);
   void* b = alloc->allocate(100 * MiB, default_stream);  // 40 + 40 + 20 MiB

@@ -9,6 +9,9 @@
 // textbook case - the holes of freed 100 MiB blocks, then a 1.5 GiB request, after a 3 GiB block
 // came and went - with its variants, on SimDevice (here) and through the plug-in's C ABI
 // (tests/plugin/test_plugin.cpp) and the stand-in CUDA driver (tests/cuda/test_cuda_device.cpp).
+// At every out-of-memory error of the randomized workloads a second oracle checks the last
+// resort (vmm.cpp): no free stretch of address space of the pool, the request at its start or at
+// its end, needed no more granules than the device had left.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -82,6 +85,71 @@ void expect_within_expandable(const CachingAllocator& alloc, const char* when) {
       << bound - active_bytes(snap);
 }
 
+/// The fewest granules a request of `bytes` on `stream` would have to map, placed anywhere the
+/// engine could place it: in a free stretch of address space of the stream's pool (a gap between
+/// its blocks in use in one of its reserved ranges) at the stretch's start or at its end, or in
+/// a new range when no stretch holds it. Mapped granules are the snapshot's segments (an
+/// expandable segment there is a run of mapped granules).
+std::size_t fewest_granules_to_map(const Snapshot& snap, std::size_t bytes, Stream stream,
+                                   std::size_t granule) {
+  const std::size_t size = (bytes + 511) / 512 * 512;
+  const bool large = size > MiB;
+  struct Range {
+    std::uintptr_t base;
+    std::size_t size;
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> mapped;  // [lo, hi)
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> in_use;  // [lo, hi), by address
+  };
+  std::vector<Range> ranges;
+  for (const SegmentInfo& s : snap.segments) {
+    if (s.stream != stream || s.is_large != large) continue;
+    auto it = std::find_if(ranges.begin(), ranges.end(),
+                           [&](const Range& r) { return r.base == s.range_address; });
+    if (it == ranges.end()) {
+      ranges.push_back({s.range_address, s.range_size, {}, {}});
+      it = ranges.end() - 1;
+    }
+    it->mapped.emplace_back(s.address, s.address + s.total_size);
+    for (const BlockInfo& b : s.blocks) {
+      if (b.state != BlockState::inactive) it->in_use.emplace_back(b.address, b.address + b.size);
+    }
+  }
+  const auto unmapped_granules = [&](const Range& r, std::uintptr_t lo, std::uintptr_t hi) {
+    std::size_t n = 0;
+    for (std::uintptr_t g = r.base + (lo - r.base) / granule * granule; g < hi; g += granule) {
+      n += std::none_of(r.mapped.begin(), r.mapped.end(),
+                        [&](const auto& m) { return m.first <= g && g < m.second; });
+    }
+    return n;
+  };
+  std::size_t fewest = SIZE_MAX;
+  for (Range& r : ranges) {
+    std::sort(r.in_use.begin(), r.in_use.end());
+    std::uintptr_t lo = r.base;
+    r.in_use.emplace_back(r.base + r.size, r.base + r.size);
+    for (const auto& [used_lo, used_hi] : r.in_use) {
+      if (used_lo >= lo + size) {
+        fewest = std::min({fewest, unmapped_granules(r, lo, lo + size),
+                           unmapped_granules(r, used_lo - size, used_lo)});
+      }
+      lo = std::max(lo, used_hi);
+    }
+  }
+  return fewest != SIZE_MAX ? fewest : (size + granule - 1) / granule;
+}
+
+/// At an out-of-memory error for `bytes` on `stream`: no placement the engine could choose would
+/// have fitted in the memory the device has left.
+void expect_no_placement_fitted(const CachingAllocator& alloc, const SimDevice& device,
+                                std::size_t capacity, std::size_t bytes, Stream stream) {
+  const std::size_t granule = device.granularity();
+  const std::size_t left = (capacity - device.used_bytes()) / granule;
+  const std::size_t fewest = fewest_granules_to_map(alloc.snapshot(), bytes, stream, granule);
+  EXPECT_GT(fewest, left) << "a request of " << bytes << " bytes ran out of memory, but a free "
+                          << "stretch of its pool needed " << fewest << " granules, and the "
+                          << "device had " << left << " left";
+}
+
 /// A size from 512 B to `max` bytes: log-uniform, so that every scale appears, and rarely a
 /// multiple of 2 MiB.
 std::size_t random_size(std::mt19937_64& rng, std::size_t max) {
@@ -105,7 +173,8 @@ class Guarantee : public ::testing::TestWithParam<Workload> {};
 
 // Random work over three streams near and at the limit: after every step the page rule holds
 // (check()); at every out-of-memory error and at every empty_cache(), what is left is at most
-// expandable segments' pages around the same blocks.
+// expandable segments' pages around the same blocks; and an out-of-memory error comes only when
+// no free stretch of the pool, at its start or its end, could have been backed (the last resort).
 TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
   const Workload w = GetParam();
   SimDevice device(sim_options(w.capacity));
@@ -126,11 +195,13 @@ TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
       live.pop_back();
     } else {
       const Stream s = streams[rng() % 3];
+      const std::size_t bytes = random_size(rng, w.largest);
       try {
-        live.emplace_back(alloc.allocate(random_size(rng, w.largest), s), s);
+        live.emplace_back(alloc.allocate(bytes, s), s);
       } catch (const OutOfMemory&) {
         ++ooms;
         expect_within_expandable(alloc, "after an out-of-memory error");
+        expect_no_placement_fitted(alloc, device, w.capacity, bytes, s);
       }
     }
     if (step % 97 == 96) {
@@ -154,17 +225,18 @@ TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
   EXPECT_EQ(device.used_bytes(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, Guarantee,
-                         ::testing::Values(Workload{1, 8 * GiB, 3 * GiB, ""},
-                                           Workload{2, 8 * GiB, 3 * GiB, ""},
-                                           Workload{3, 16 * GiB, 6 * GiB, ""},
-                                           Workload{4, 2 * GiB, 512 * MiB, ""},
-                                           Workload{5, 512 * MiB, 64 * MiB, ""},
-                                           Workload{6, 8 * GiB, 3 * GiB, "large_handle_size_mb:20"},
-                                           Workload{7, 8 * GiB, 3 * GiB, "max_handle_size_mb:100"}),
-                         [](const ::testing::TestParamInfo<Workload>& workload) {
-                           return fmt::format("seed{}", workload.param.seed);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Seeds, Guarantee,
+    ::testing::Values(Workload{1, 8 * GiB, 3 * GiB, ""}, Workload{2, 8 * GiB, 3 * GiB, ""},
+                      Workload{3, 16 * GiB, 6 * GiB, ""}, Workload{4, 2 * GiB, 512 * MiB, ""},
+                      Workload{5, 512 * MiB, 64 * MiB, ""},
+                      Workload{6, 8 * GiB, 3 * GiB, "large_handle_size_mb:20"},
+                      Workload{7, 8 * GiB, 3 * GiB, "max_handle_size_mb:100"},
+                      Workload{8, 256 * MiB, 32 * MiB, ""},
+                      Workload{9, 2 * GiB, 512 * MiB, "large_handle_size_mb:20"}),
+    [](const ::testing::TestParamInfo<Workload>& workload) {
+      return fmt::format("seed{}", workload.param.seed);
+    });
 
 // --- the steady state under pressure ----------------------------------------------------------------
 

@@ -84,6 +84,10 @@ struct Stats {
   /// Handles reaching over several pages (max_handle_size_mb above a page) given back before a
   /// smaller block took part of them (the page rule).
   std::int64_t num_handle_splits = 0;
+  /// Requests served where an out-of-memory error was due: the whole cache had gone back and the
+  /// best fit still needed more memory than the device had, but another free range of the pool
+  /// (or its end) needed few enough granules.
+  std::int64_t num_oom_rescues = 0;
   /// 1 when the engine was wanted but the device has no virtual memory or refused it at its
   /// first growth, so that classic segments serve instead (`virtual_memory_note()` says why).
   std::int64_t num_vmm_fallbacks = 0;

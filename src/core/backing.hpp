@@ -48,6 +48,7 @@ struct Counters {
   std::int64_t handles_released = 0;
   std::int64_t reclaim_syncs = 0;  // waits for a stream's work before unmapping
   std::int64_t handle_splits = 0;  // handles given back before a request took part of them
+  std::int64_t oom_rescues = 0;    // requests the last resort served (Backing::last_resort)
 
   /// Writes the counters into their Stats fields.
   void export_to(Stats& s) const noexcept {
@@ -64,6 +65,7 @@ struct Counters {
     s.num_handles_released = handles_released;
     s.num_reclaim_syncs = reclaim_syncs;
     s.num_handle_splits = handle_splits;
+    s.num_oom_rescues = oom_rescues;
   }
 };
 
@@ -169,6 +171,13 @@ class Backing {
   /// cached free blocks hold (the engine's handles under them). All pool locks held. Returns the
   /// bytes given back.
   virtual std::size_t collect(std::size_t /*bytes*/) { return 0; }
+  /// The last step before an out-of-memory error, after the whole cache went back and the best
+  /// fit still could not be backed: a free block of `pool` for `size` placed wherever the fewest
+  /// granules are missing (the engine), mapped; nullptr when even there the device has no room.
+  /// It runs only where the request would otherwise fail, so it changes no run that succeeds.
+  virtual Block* last_resort(StreamPool& /*pool*/, std::size_t /*size*/, bool /*small*/) {
+    return nullptr;
+  }
   /// Checks the backing's own structures against the segments (inside check()); throws
   /// InvariantViolation.
   virtual void check(const std::vector<const Segment*>& segments) const = 0;

@@ -282,6 +282,8 @@ void* CachingAllocator::Impl::allocate_slow(StreamPool& pool, std::size_t size, 
   release_cache(&pool);
   if (Block* b = backing_->cached_fit(pool, size, small)) return pool.take(b, size, bytes);
   if (Block* b = grow(pool, size, small)) return pool.take(b, size, bytes);
+  // The best fit cannot be backed even now: any free block of the pool that can (Backing).
+  if (Block* b = backing_->last_resort(pool, size, small)) return pool.take(b, size, bytes);
   throw_out_of_memory(pool, bytes, size, policy_.segment_size(size), small);
 }
 

@@ -159,6 +159,23 @@ class StreamPool {
     return reinterpret_cast<void*>(b->addr);
   }
 
+  /// Cuts the indexed free block `b` so that its last `size` bytes (less than b's) are a free
+  /// block of their own; both stay indexed. Returns that block. For a request placed at the end
+  /// of a free block (the engine's last resort); `rejoin` undoes it.
+  Block* split_top(Block* b, std::size_t size, bool small) {
+    CISTERN_ASSERT_INTERNAL(b->state == BlockState::free && size < b->size);
+    const std::uint64_t age = b->gc_base;
+    split(b, b->size - size, small);  // b: the lower part, out of the index; the top indexed
+    index_block(b, small);
+    b->gc_base = age;  // the lower part has been cached as long as the whole had
+    return b->next;
+  }
+  /// Merges the indexed free block `b` with its free neighbours again (after split_top).
+  void rejoin(Block* b, bool small) noexcept {
+    unindex(b, small);
+    coalesce(b, small);
+  }
+
   /// Removes this pool's allocated block at `addr` from the pool's pointer map and returns it
   /// (nullptr if no block of this pool is allocated there): the first step of every free. Follow
   /// with `release`, or give it back with `restore`.

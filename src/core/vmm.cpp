@@ -24,8 +24,9 @@
 // while there was room pins, under a small live block, no more than expandable segments' page
 // would.
 //
-// Placement never depends on what is mapped: a request takes the best fit, as classic segments
-// and expandable segments do, and the miss path maps what it lacks. A pass that repeats an
+// Placement never depends on what is mapped (but in the last resort, below, where the request
+// would otherwise fail): a request takes the best fit, as classic segments and expandable
+// segments do, and the miss path maps what it lacks. A pass that repeats an
 // earlier one's requests then places every block where the earlier did, on the handles it left
 // there: one large-pool range as large as twice the device holds all of a pool's blocks, so that
 // a later pass does not find ranges the first had not had yet.
@@ -50,13 +51,17 @@
 // finds no room, handles lying entirely inside cached free blocks - of any pool - are unmapped
 // (reclaim), once the work of their pool's stream has completed (one event per pool, queried
 // first and waited for only if still running); those of a size the growth needs are mapped again
-// where it needs them, the others released, and the growth is tried again. Everything here runs
-// under the global lock.
+// where it needs them, the others released, and the growth is tried again. Where even the release
+// of the whole cache leaves the best fit without room, the free block that lacks the fewest
+// granules, the request at its start or at its end, is taken instead (last_resort()): an
+// out-of-memory error means that no free stretch of the pool could be backed. Everything here
+// runs under the global lock.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "backing.hpp"
@@ -164,6 +169,7 @@ class MappedHandles final : public Backing {
   std::size_t collect(std::size_t bytes) override {
     return reclaim_locked(bytes, Keep{}, nullptr, Unmap::release);
   }
+  Block* last_resort(StreamPool& pool, std::size_t size, bool small) override;
   void check(const std::vector<const Segment*>& segments) const override;
 
  private:
@@ -183,6 +189,17 @@ class MappedHandles final : public Backing {
   }
   GranuleRun inside(const Segment& seg, std::uintptr_t lo, std::uintptr_t hi) const noexcept {
     return {(lo - seg.base + g_ - 1) / g_, (hi - seg.base) / g_};
+  }
+  /// How many of the granules bytes [lo, hi) of `seg` touch are not mapped, counted up to
+  /// `enough` at most.
+  std::size_t missing(const Segment& seg, std::uintptr_t lo, std::uintptr_t hi,
+                      std::size_t enough) const noexcept {
+    const GranuleRun run = touched(seg, lo, hi);
+    std::size_t n = 0;
+    for (std::size_t i = run.first; i < run.end && n < enough; ++i) {
+      n += seg.pages[i] == kNoPage ? 1 : 0;
+    }
+    return n;
   }
   /// The granules of one page of the page rule's grid in a pool, and in `seg`.
   std::size_t page_of(bool small) const noexcept {
@@ -293,6 +310,48 @@ void MappedHandles::drop_unmapped_segments(const StreamPool* held) {
       s = next;
     }
   }
+}
+
+// The last resort (Backing::last_resort). The best fit is the smallest free block that holds the
+// request, whatever is mapped there; once the whole cache has gone back, what stays mapped under
+// free blocks lies at their ends, on handles that blocks in use share (as expandable segments'
+// pages do). So a larger free block can need fewer new granules than the best fit: the request
+// is placed at the start or at the end of the free block where the fewest are missing, and
+// mapped there. Every free block of the pool that may serve it is looked at - a scan, paid only
+// where an out-of-memory error was due.
+Block* MappedHandles::last_resort(StreamPool& pool, std::size_t size, bool small) {
+  if (!possible(size)) return nullptr;
+  Block* best = nullptr;
+  bool at_end = false;
+  std::size_t fewest = SIZE_MAX;
+  const auto consider = [&](Block* b, std::uintptr_t lo, std::size_t used, bool end) {
+    const std::size_t n = missing(*b->segment, lo, lo + used, fewest);
+    if (n < fewest) std::tie(fewest, best, at_end) = std::make_tuple(n, b, end);
+  };
+  std::as_const(pool).index(small).find_from(size, [&](Block* b) {
+    if (b->size < size || !b->segment->expandable || !ctx_.policy.may_serve(b->size, size)) {
+      return false;
+    }
+    const std::size_t used = used_part(*b, size, small);
+    consider(b, b->addr, used, false);
+    if (used < b->size) consider(b, b->addr + b->size - used, used, true);
+    return fewest == 0;
+  });
+  if (best == nullptr) return nullptr;
+  Block* b = at_end ? pool.split_top(best, size, small) : best;
+  bool mapped = false;
+  try {
+    mapped = map_for(pool, *b, size, small, /*reclaim=*/true);
+  } catch (...) {
+    if (at_end) pool.rejoin(b, small);
+    throw;
+  }
+  if (!mapped) {
+    if (at_end) pool.rejoin(b, small);
+    return nullptr;
+  }
+  ++ctx_.counters.oom_rescues;
+  return b;
 }
 
 // --- giving a handle back before a block takes part of it ------------------------------------------------
