@@ -25,6 +25,10 @@ Issue 22 asks each rule to hold on at least 95% of the workloads. The families:
   transformer_*  scripts/synth_trace.py training steps, up to a 128,000-word vocabulary.
 
 Usage: scripts/heldout.py [--cistern build/src/cli/cistern] [--out results/heldout]
+                          [--first-seed S] [--seeds N]
+With --first-seed and --seeds, each of the six seeded families is written for seeds S..S+N-1
+(the families' own offsets, 100 for holes_odd and so on, added) instead of 0..3: more workloads
+that nothing here was chosen on (the transformers stay the same four).
 Writes OUT/*.csv|*.trace.gz (the workloads), OUT/replay.json (the CLI's JSON) and OUT/summary.json
 (each rule: how many hold, which do not); prints a table. Exit status 1 when a rule holds on fewer
 than 95% of the workloads.
@@ -106,9 +110,9 @@ TRANSFORMERS = {  # name: synth_trace.py arguments
 }
 
 
-def write_workloads(out):
+def write_workloads(out, first_seed=0, seeds=4):
     paths = []
-    for seed in range(4):
+    for seed in range(first_seed, first_seed + seeds):
         lists = {
             f"holes_100m_{seed}": holes_then_big(seed, 60 * MiB, 140 * MiB, 30, 3),
             f"holes_odd_{seed}": holes_then_big(100 + seed, 3 * MiB, 40 * MiB, 80, 4),
@@ -164,9 +168,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cistern", default="build/src/cli/cistern")
     p.add_argument("--out", default="results/heldout")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="the first seed of each family (default 0: the 28 workloads above)")
+    p.add_argument("--seeds", type=int, default=4, help="seeds per family (default 4)")
     a = p.parse_args()
+    if a.first_seed < 0 or a.seeds < 1:
+        p.error("--first-seed must be at least 0 and --seeds at least 1")
     os.makedirs(a.out, exist_ok=True)
-    paths = write_workloads(a.out)
+    paths = write_workloads(a.out, a.first_seed, a.seeds)
     replay = os.path.join(a.out, "replay.json")
     subprocess.run([a.cistern, "replay", "--quiet", "--policy", POLICIES, "--min-capacity",
                     "--json", replay, *paths], check=True, stdout=subprocess.DEVNULL)

@@ -1,0 +1,86 @@
+# Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+"""scripts/heldout.py, issue 22's check on workloads not in ../shared: the workloads it writes
+for a range of seeds (the same files for the same seeds, other files for others) and the rules it
+counts from made-up `cistern replay --json` rows."""
+import filecmp
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "..", "scripts", "heldout.py")
+spec = importlib.util.spec_from_file_location("heldout", SCRIPT)
+ho = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ho)
+
+FAMILIES = ("holes_100m", "holes_odd", "huge", "rand", "rand_small", "mixed")
+
+
+def names(paths):
+    return sorted(os.path.basename(p) for p in paths)
+
+
+class Seeds(unittest.TestCase):
+    def test_each_family_for_each_seed_and_the_four_transformers(self):
+        with tempfile.TemporaryDirectory() as out:
+            paths = ho.write_workloads(out, first_seed=7, seeds=2)
+            expected = sorted([f"{f}_{s}.csv" for f in FAMILIES for s in (7, 8)] +
+                              [f"{t}.trace.gz" for t in ho.TRANSFORMERS])
+            self.assertEqual(names(paths), expected)
+            for p in paths:
+                self.assertGreater(os.path.getsize(p), 0, p)
+
+    def test_a_seed_writes_the_same_workload_whatever_the_range_it_is_in(self):
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            ho.write_workloads(a, first_seed=3, seeds=1)
+            ho.write_workloads(b, first_seed=2, seeds=2)
+            for f in FAMILIES:
+                self.assertTrue(filecmp.cmp(os.path.join(a, f"{f}_3.csv"),
+                                            os.path.join(b, f"{f}_3.csv"), shallow=False), f)
+                self.assertFalse(filecmp.cmp(os.path.join(b, f"{f}_2.csv"),
+                                             os.path.join(b, f"{f}_3.csv"), shallow=False), f)
+
+    def test_a_bad_range_is_refused(self):
+        for args in (["--seeds", "0"], ["--first-seed", "-1"]):
+            r = subprocess.run([sys.executable, SCRIPT, "--cistern", "/nonexistent", *args],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn("--first-seed must be at least 0 and --seeds at least 1", r.stderr)
+
+
+def row(trace, policy, min_capacity, live=1000):
+    return {"trace": trace, "policy": policy, "peak_live": live, "min_capacity": min_capacity}
+
+
+class Rules(unittest.TestCase):
+    def test_each_rule_counts_its_workloads_and_names_the_misses(self):
+        rows = []
+        # (cistern, expandable, torch) min_capacity for peak_live 1000
+        for name, (c, e, t) in {"a.csv": (1000, 1000, 1100), "b.csv": (1004, 1000, 1100),
+                                "c.csv": (1030, 1020, 1020), "d.csv": (1010, 1030, 1005)}.items():
+            rows += [row(name, "cistern", c), row(name, ho.EXPANDABLE, e), row(name, "torch", t)]
+        n, rules, worst, table = ho.count(rows)
+        self.assertEqual(n, 4)
+        self.assertEqual(rules["vs_expandable_slack"]["holds"], 3)  # c: +1.0% of peak_live
+        self.assertEqual([w for w, _ in rules["vs_expandable_slack"]["misses"]], ["c.csv"])
+        self.assertEqual(rules["vs_expandable"]["holds"], 2)  # b and c above
+        self.assertEqual(rules["tight"]["holds"], 3)  # c: 1.03 x
+        self.assertEqual(rules["vs_torch"]["holds"], 2)  # c and d above torch
+        self.assertEqual(worst, (1.03, "c.csv"))
+        self.assertEqual(len(table), 4)
+
+    def test_a_workload_without_a_figure_misses_every_rule(self):
+        rows = [row("a.csv", "cistern", 1000), row("a.csv", ho.EXPANDABLE, None),
+                row("a.csv", "torch", 1000)]
+        n, rules, _, _ = ho.count(rows)
+        self.assertEqual(n, 1)
+        for rule in rules.values():
+            self.assertEqual(rule["holds"], 0)
+            self.assertEqual(rule["misses"], [("a.csv", "no figure")])
+
+
+if __name__ == "__main__":
+    unittest.main()
