@@ -1,7 +1,6 @@
 # Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 """scripts/capacity_sweep.py: the capacities it probes, what it reports from their outcomes, and
 a whole run against a stand-in for `cistern replay` whose policies run on known device sizes."""
-import importlib.util
 import json
 import os
 import stat
@@ -11,11 +10,10 @@ import tempfile
 import textwrap
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "scripts", "capacity_sweep.py")
-spec = importlib.util.spec_from_file_location("capacity_sweep", SCRIPT)
-cs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cs)
+from tests.project_scripts import load_script, script_path
+
+SCRIPT = script_path("capacity_sweep")
+cs = load_script("capacity_sweep")
 
 MiB = cs.MiB
 

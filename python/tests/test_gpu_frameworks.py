@@ -4,7 +4,6 @@ shape sequence, the caps, the per-run figures, the rows file, the report, and th
 robustness (a row that hangs is killed, a process that dies is replaced, an allocator whose
 processes keep dying is given up, the budget is kept), the latter with a stand-in worker
 (stand_in_framework_worker.py) that runs the script's own row bookkeeping."""
-import importlib.util
 import json
 import os
 import sys
@@ -12,12 +11,12 @@ import tempfile
 import time
 import unittest
 
+from tests.project_scripts import load_script, script_path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "scripts", "gpu_frameworks.py")
+SCRIPT = script_path("gpu_frameworks")
 STAND_IN = os.path.join(HERE, "stand_in_framework_worker.py")
-spec = importlib.util.spec_from_file_location("gpu_frameworks", SCRIPT)
-gf = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gf)
+gf = load_script("gpu_frameworks")
 
 GiB, MiB = gf.GiB, gf.MiB
 

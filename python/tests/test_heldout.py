@@ -3,18 +3,16 @@
 for a range of seeds (the same files for the same seeds, other files for others) and the rules it
 counts from made-up `cistern replay --json` rows."""
 import filecmp
-import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "scripts", "heldout.py")
-spec = importlib.util.spec_from_file_location("heldout", SCRIPT)
-ho = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ho)
+from tests.project_scripts import load_script, script_path
+
+SCRIPT = script_path("heldout")
+ho = load_script("heldout")
 
 FAMILIES = ("holes_100m", "holes_odd", "huge", "rand", "rand_small", "mixed")
 

@@ -2,7 +2,6 @@
 """scripts/results_md.py, which writes docs/results.md: issue 22's targets it counts from made-up
 `cistern replay --json` rows (each figure chosen so that the count, the worst figure and the
 traces that miss are known), the boundaries of each target, and the whole page from files."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,11 +9,10 @@ import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "scripts", "results_md.py")
-spec = importlib.util.spec_from_file_location("results_md", SCRIPT)
-rm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rm)
+from tests.project_scripts import load_script, script_path
+
+SCRIPT = script_path("results_md")
+rm = load_script("results_md")
 
 EXP = rm.EXPANDABLE
 LIVE = 1_000_000
