@@ -838,6 +838,44 @@ TEST(EngineHandles, NearTheLimitTheSharedLastGranuleOfARequestIsAHandleOfItsOwn)
   EXPECT_EQ(device.used_bytes(), 0u);
 }
 
+// Near the limit, the extension a growth maps past the request's last granule is a handle of its
+// own, apart from that granule and from the block's others (Note [The shared granule]): a block
+// cut from the extension and freed while the first lives leaves nothing of it pinned. (On one
+// handle with the block's end, the extension stayed mapped under the live block: a training
+// step's optimizer state, cut from freed activations, needed more than PyTorch's own segments.)
+TEST(EngineHandles, NearTheLimitAGrowthsExtensionIsAHandleOfItsOwn) {
+  SimDevice device(sim_options(8 * GiB));
+  CachingAllocator alloc(device, Config());
+  // 1,540 MiB (770 granules, 77 pages) leave 6.5 GiB: not far from the limit (a growth is far
+  // while the room left is eight times what is reserved).
+  void* a = alloc.allocate(1540 * MiB, default_stream);
+  const std::int64_t created = alloc.stats().num_handles_created;
+  const std::size_t reserved = alloc.reserved_bytes();
+  // 3 MiB at granule 770, a page's start: granule 770 inside the block, 771 half used and shared
+  // with the next block, and one granule of extension (a 1024th of the room left, about 6 MiB,
+  // reaches three granules from the request's start): three handles of one granule.
+  void* b = alloc.allocate(3 * MiB, default_stream);
+  EXPECT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 1540 * MiB);
+  EXPECT_EQ(alloc.stats().num_handles_created - created, 3);
+  EXPECT_EQ(alloc.reserved_bytes() - reserved, 6 * MiB);
+  // 1.5 MiB cut from the rest: on b's last granule and the extension, no call.
+  const auto creates = device.counters().of(DeviceOp::create_physical);
+  void* c = alloc.allocate(3 * MiB / 2, default_stream);
+  EXPECT_EQ(static_cast<char*>(c), static_cast<char*>(b) + 3 * MiB);
+  EXPECT_EQ(device.counters().of(DeviceOp::create_physical), creates);
+  // c freed while b lives: the extension lies under free blocks only and goes back; b's two
+  // granules stay.
+  alloc.deallocate(c, default_stream);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().num_handles_released, 1);
+  EXPECT_EQ(alloc.reserved_bytes() - reserved, 4 * MiB);
+  alloc.check();
+  alloc.deallocate(b, default_stream);
+  alloc.deallocate(a, default_stream);
+  alloc.empty_cache();
+  EXPECT_EQ(device.used_bytes(), 0u);
+}
+
 // Random requests on several streams near the limit, check() after every step: SimDevice refuses
 // any map of part of a handle and any unmap that cuts a mapping, so none is ever made.
 TEST(EngineHandles, RandomWorkNearTheLimitOnlyEverMapsAndUnmapsWholeHandles) {

@@ -472,6 +472,18 @@ bool MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size, bool s
   return map_planned(pool, seg, planned, slots);
 }
 
+// Note [The shared granule]. A handle that two blocks share holds the memory of the one freed
+// first for as long as the other lives: reclaim returns only handles lying under free blocks. Far
+// from the limit a growth maps as expandable segments do, its last page to the end, so that the
+// next blocks cut after it need no call; nearer, the engine keeps what a block shares with the
+// next one cut after it to the one granule both touch. The block's other granules, that granule,
+// and the extension mapped after it for the next blocks are separate handles. With the extension
+// on the same handle as the block's end (as before this note), a block cut from the extension and
+// freed while this block lived stayed mapped up to the end of the page: on a training step's
+// optimizer state, cut from freed activations, that made min_capacity 0.4% of peak_live larger
+// than PyTorch's own segments need (docs/design.md). The price is one handle more per growth near
+// the limit, and none in a steady state, whose blocks are cut where the handles already are.
+
 // The handles that back the unmapped granules of `request` in `seg` - the granules the part of a
 // free block a request takes touches, `whole` those lying entirely inside it, `limit` the end of
 // the block - sized by the room the device and the limit leave after them (`after`):
@@ -493,9 +505,9 @@ bool MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size, bool s
 //    the rest will share, is a handle of its own, so that when this block is freed its other
 //    handles can go back; and with room the last run extends over the unmapped granules of the
 //    block that follow it, up to the smaller of after / kExtensionDivisor and `held` (the pool's
-//    mapped memory) / kGrowthDivisor, never past the end of its page: a pool's growths get larger
-//    as it does. A request that ends on a handle of its own is not extended there: the next
-//    growth maps that page.
+//    mapped memory) / kGrowthDivisor, never past the end of its page, in handles of their own
+//    (Note [The shared granule]): a pool's growths get larger as it does. A request that ends on
+//    a handle of its own is not extended there: the next growth maps that page.
 std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun request,
                                                GranuleRun whole, std::size_t limit, bool small,
                                                std::size_t held, bool pages_only) {
@@ -543,9 +555,10 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
     }
   }
   // Nearer the limit, the last granule of a request that ends inside it goes in a handle of its
-  // own (but for the extension): the next block cut from the rest of the block shares that
-  // granule, and a handle that reached over it would stay whole under that block after this one
-  // is freed.
+  // own, and the extension after it in handles of their own: the next block cut from the rest of
+  // the block shares that granule, and a handle that reached over it would stay whole under that
+  // block after this one is freed - or, holding the extension, under this one after that block is
+  // freed (Note [The shared granule]).
   const bool alone_last = !far && whole.end < request.end;
   for (const GranuleRun& r : runs) {
     const std::size_t piece =
@@ -557,9 +570,13 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
         planned.push_back({i, std::min(cap_granules(small), in.end - i)});
       }
     }
-    if (alone_last && r.end == request.end && r.end - i > 1) {
-      cut(seg, {i, r.end - 1}, piece, planned);
-      i = r.end - 1;
+    if (!far && r.first < request.end && request.end <= r.end) {  // the run the request ends in
+      if (alone_last && request.end - 1 > i) {
+        cut(seg, {i, request.end - 1}, piece, planned);
+        i = request.end - 1;
+      }
+      cut(seg, {i, request.end}, piece, planned);
+      i = request.end;  // the extension, if any, after it
     }
     cut(seg, {i, r.end}, piece, planned);
   }
