@@ -17,7 +17,8 @@
 // limit, as expandable segments map - the granules inside the request's block in page handles,
 // and the last page, the granule shared with the next block included, mapped to its end - so
 // that the next blocks cut from it need no call; nearer, the shared granule is a handle of its
-// own, so that the rest can go back once the block is freed, and the extension follows the room;
+// own, so that the rest can go back once the block is freed, and the extension follows the room
+// on handles of its own, so that a block cut from it goes back whole (Note [The shared granule]);
 // the closer to the limit, the smaller the largest handle (a 32nd of the room left), down to one
 // granule, so that what a free block covers can be given back. A handle never reaches past its page
 // unless it lies inside the one block it was made for (Note [The page rule]), so a handle made
