@@ -25,10 +25,12 @@ Issue 22 asks each rule to hold on at least 95% of the workloads. The families:
   transformer_*  scripts/synth_trace.py training steps, up to a 128,000-word vocabulary.
 
 Usage: scripts/heldout.py [--cistern build/src/cli/cistern] [--out results/heldout]
-                          [--first-seed S] [--seeds N]
+                          [--first-seed S] [--seeds N] [--traces FILE... [--device D]]
 With --first-seed and --seeds, each of the six seeded families is written for seeds S..S+N-1
 (the families' own offsets, 100 for holes_odd and so on, added) instead of 0..3: more workloads
-that nothing here was chosen on (the transformers stay the same four).
+that nothing here was chosen on (the transformers stay the same four). With --traces, nothing is
+written: the rules are counted on the traces given (your own PyTorch snapshots, lifetime lists,
+RMM logs, Kineto traces), replayed for device D where a trace has several.
 Writes OUT/*.csv|*.trace.gz (the workloads), OUT/replay.json (the CLI's JSON) and OUT/summary.json
 (each rule: how many hold, which do not); prints a table. Exit status 1 when a rule holds on fewer
 than 95% of the workloads.
@@ -171,14 +173,20 @@ def main():
     p.add_argument("--first-seed", type=int, default=0,
                    help="the first seed of each family (default 0: the 28 workloads above)")
     p.add_argument("--seeds", type=int, default=4, help="seeds per family (default 4)")
+    p.add_argument("--traces", nargs="+", metavar="FILE",
+                   help="count the rules on these traces instead of writing the workloads")
+    p.add_argument("--device", type=int, help="with --traces: the device to replay")
     a = p.parse_args()
     if a.first_seed < 0 or a.seeds < 1:
         p.error("--first-seed must be at least 0 and --seeds at least 1")
+    if a.device is not None and not a.traces:
+        p.error("--device goes with --traces")
     os.makedirs(a.out, exist_ok=True)
-    paths = write_workloads(a.out, a.first_seed, a.seeds)
+    paths = a.traces or write_workloads(a.out, a.first_seed, a.seeds)
+    device = ["--device", str(a.device)] if a.device is not None else []
     replay = os.path.join(a.out, "replay.json")
     subprocess.run([a.cistern, "replay", "--quiet", "--policy", POLICIES, "--min-capacity",
-                    "--json", replay, *paths], check=True, stdout=subprocess.DEVNULL)
+                    *device, "--json", replay, *paths], check=True, stdout=subprocess.DEVNULL)
     with open(replay, encoding="utf-8") as f:
         rows = json.load(f)["results"]
     n, rules, worst, table = count(rows)

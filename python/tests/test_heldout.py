@@ -1,12 +1,16 @@
 # Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
 """scripts/heldout.py, issue 22's check on workloads not in ../shared: the workloads it writes
-for a range of seeds (the same files for the same seeds, other files for others) and the rules it
-counts from made-up `cistern replay --json` rows."""
+for a range of seeds (the same files for the same seeds, other files for others), the rules it
+counts from made-up `cistern replay --json` rows, and a run on traces of one's own against a
+stand-in for `cistern replay`."""
 import filecmp
+import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import unittest
 
 from tests.project_scripts import load_script, script_path
@@ -82,3 +86,55 @@ class Rules(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# A stand-in for `cistern replay --min-capacity --json OUT`: records its arguments beside OUT and
+# answers for each trace cistern 1004, expandable segments 1000, PyTorch's default 1020 (of 1000
+# live), but for traces named "big*" cistern 1030.
+STAND_IN = textwrap.dedent("""\
+    import json, os, sys
+    args = sys.argv[1:]
+    out = args[args.index("--json") + 1]
+    json.dump(args, open(os.path.join(os.path.dirname(out), "args.json"), "w"))
+    traces = [a for a in args if a.endswith((".pickle", ".csv"))]
+    mins = {"torch:expandable_segments=true": 1000, "torch": 1020}
+    rows = [{"trace": t, "policy": p, "peak_live": 1000,
+             "min_capacity": mins.get(p, 1030 if os.path.basename(t).startswith("big") else 1004)}
+            for t in traces for p in args[args.index("--policy") + 1].split(",")]
+    json.dump({"results": rows}, open(out, "w"))
+    """)
+
+
+class OwnTraces(unittest.TestCase):
+    def run_script(self, tmp, *args):
+        cli = os.path.join(tmp, "cistern")
+        with open(cli, "w", encoding="utf-8") as f:
+            f.write(f"#!{sys.executable}\n" + STAND_IN)
+        os.chmod(cli, os.stat(cli).st_mode | stat.S_IXUSR)
+        out = os.path.join(tmp, "out")
+        r = subprocess.run([sys.executable, SCRIPT, "--cistern", cli, "--out", out, *args],
+                           capture_output=True, text=True)
+        return r, out
+
+    def test_the_rules_are_counted_on_the_traces_given_and_nothing_is_written(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r, out = self.run_script(tmp, "--traces", "a.pickle", "big.csv", "--device", "1")
+            self.assertEqual(r.returncode, 1, r.stderr)  # 1 of 2 within expandable's + 0.5%
+            with open(os.path.join(out, "args.json"), encoding="utf-8") as f:
+                args = json.load(f)
+            self.assertEqual(args[-2:], ["a.pickle", "big.csv"])
+            self.assertEqual(args[args.index("--device") + 1], "1")
+            self.assertEqual(sorted(os.listdir(out)), ["args.json", "replay.json", "summary.json"])
+            with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+                summary = json.load(f)
+            self.assertEqual(summary["workloads"], 2)
+            self.assertEqual(summary["rules"]["vs_expandable_slack"]["holds"], 1)
+            self.assertEqual(summary["rules"]["vs_torch"]["holds"], 1)
+            self.assertIn("NOT MET: min_capacity at most expandable segments' + 0.5% of peak_live "
+                          "on 1 of 2 - not on big.csv", r.stdout)
+
+    def test_device_without_traces_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r, _ = self.run_script(tmp, "--device", "0")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("--device goes with --traces", r.stderr)
