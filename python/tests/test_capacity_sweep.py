@@ -3,14 +3,13 @@
 a whole run against a stand-in for `cistern replay` whose policies run on known device sizes."""
 import json
 import os
-import stat
 import subprocess
 import sys
 import tempfile
 import textwrap
 import unittest
 
-from tests.project_scripts import load_script, script_path
+from tests.project_scripts import load_script, script_path, write_stand_in
 
 SCRIPT = script_path("capacity_sweep")
 cs = load_script("capacity_sweep")
@@ -68,10 +67,7 @@ class Judge(unittest.TestCase):
 class WholeRun(unittest.TestCase):
     def test_a_stand_in_cli_gives_the_capacities_where_only_expandable_segments_ran(self):
         with tempfile.TemporaryDirectory() as d:
-            cli = os.path.join(d, "cistern")
-            with open(cli, "w", encoding="utf-8") as f:
-                f.write(f"#!{sys.executable}\n" + STAND_IN)
-            os.chmod(cli, os.stat(cli).st_mode | stat.S_IXUSR)
+            cli = write_stand_in(d, STAND_IN)
             out = os.path.join(d, "sweep.json")
             r = subprocess.run([sys.executable, SCRIPT, "--cistern", cli, "--fine", "8", "--top",
                                 "1.2", "--ratio", "1.05", "--jobs", "2", "--json", out, "a.csv",
@@ -92,11 +88,8 @@ class WholeRun(unittest.TestCase):
 
     def test_a_failing_cli_is_an_error_that_names_it(self):
         with tempfile.TemporaryDirectory() as d:
-            cli = os.path.join(d, "cistern")
-            with open(cli, "w", encoding="utf-8") as f:
-                f.write(f"#!{sys.executable}\nimport sys\nprint('bad trace', file=sys.stderr)\n"
-                        "sys.exit(3)\n")
-            os.chmod(cli, os.stat(cli).st_mode | stat.S_IXUSR)
+            cli = write_stand_in(d, "import sys\nprint('bad trace', file=sys.stderr)\n"
+                                    "sys.exit(3)\n")
             r = subprocess.run([sys.executable, SCRIPT, "--cistern", cli, "a.csv"],
                                capture_output=True, text=True)
             self.assertNotEqual(r.returncode, 0)

@@ -6,14 +6,13 @@ stand-in for `cistern replay`."""
 import filecmp
 import json
 import os
-import stat
 import subprocess
 import sys
 import tempfile
 import textwrap
 import unittest
 
-from tests.project_scripts import load_script, script_path
+from tests.project_scripts import load_script, script_path, write_stand_in
 
 SCRIPT = script_path("heldout")
 ho = load_script("heldout")
@@ -107,10 +106,7 @@ STAND_IN = textwrap.dedent("""\
 
 class OwnTraces(unittest.TestCase):
     def run_script(self, tmp, *args):
-        cli = os.path.join(tmp, "cistern")
-        with open(cli, "w", encoding="utf-8") as f:
-            f.write(f"#!{sys.executable}\n" + STAND_IN)
-        os.chmod(cli, os.stat(cli).st_mode | stat.S_IXUSR)
+        cli = write_stand_in(tmp, STAND_IN)
         out = os.path.join(tmp, "out")
         r = subprocess.run([sys.executable, SCRIPT, "--cistern", cli, "--out", out, *args],
                            capture_output=True, text=True)
