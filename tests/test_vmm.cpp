@@ -876,6 +876,84 @@ TEST(EngineHandles, NearTheLimitAGrowthsExtensionIsAHandleOfItsOwn) {
   EXPECT_EQ(device.used_bytes(), 0u);
 }
 
+// Note [Fine cuts]: near the limit, a block cut from a free block to end inside a handle made near
+// the limit, where the handle goes on under the free rest, gives that handle back first; the
+// block's granules and the handle's rest are mapped again on handles of their own, so that with
+// the block live the rest can go back. Far from the limit the page rule alone holds.
+TEST(EngineHandles, NearTheLimitACutInsideAFineHandleGivesItBackFirst) {
+  for (const bool near : {true, false}) {
+    SCOPED_TRACE(near ? "4 GiB device" : "64 GiB device");
+    SimDevice device(sim_options(near ? 4 * GiB : 64 * GiB));
+    CachingAllocator alloc(device, Config());
+    const auto calls = [&] {
+      return device.counters().of(DeviceOp::create_physical) + device.counters().of(DeviceOp::map) +
+             device.counters().of(DeviceOp::unmap);
+    };
+    // Granules [0, 1024). On the 4 GiB device, 20 MiB at granule 1024 then leave 2 GiB, less
+    // than twice the 2 GiB held: its handles, [1024, 1030) to its page's end and [1030, 1034), are
+    // fine. On the 64 GiB device both growths are far from the limit and map as expandable
+    // segments do: 2 GiB's last page [1020, 1030) to its end, the 20 MiB then [1030, 1040).
+    void* a = alloc.allocate(2 * GiB, default_stream);
+    void* b = alloc.allocate(20 * MiB, default_stream);
+    ASSERT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 2 * GiB);
+    alloc.deallocate(b, default_stream);
+    const std::size_t reserved = alloc.reserved_bytes();
+    // 5 MiB cut from the free 20 MiB ends in granule 1026.
+    const auto before = calls();
+    void* c = alloc.allocate(5 * MiB, default_stream);
+    EXPECT_EQ(c, b);
+    EXPECT_EQ(alloc.stats().num_fine_cuts, near ? 1 : 0);
+    // Near: [1024, 1030) given back (one unmap), then [1024, 1026), [1026, 1027) and [1027, 1030)
+    // created and mapped (three of each): as much memory as before.
+    EXPECT_EQ(calls() - before, near ? 7u : 0u);
+    EXPECT_EQ(alloc.reserved_bytes(), reserved);
+    alloc.check();
+    // The same requests again make no call: they are cut where the handles now end.
+    const auto settled = calls();
+    for (int pass = 0; pass < 2; ++pass) {
+      alloc.deallocate(c, default_stream);
+      EXPECT_EQ(alloc.allocate(20 * MiB, default_stream), b);
+      alloc.deallocate(b, default_stream);
+      EXPECT_EQ(alloc.allocate(5 * MiB, default_stream), c);
+    }
+    EXPECT_EQ(calls(), settled);
+    EXPECT_EQ(alloc.stats().num_fine_cuts, near ? 1 : 0);
+    // With c live, the cache gives back all but c's 3 granules near the limit; far from it, c's
+    // page handle stays whole, shared with a (the page rule: what expandable segments' page holds).
+    alloc.empty_cache();
+    EXPECT_EQ(alloc.reserved_bytes(), 2 * GiB + (near ? 6 : 12) * MiB);
+    alloc.check();
+    alloc.deallocate(c, default_stream);
+    alloc.deallocate(a, default_stream);
+    alloc.empty_cache();
+    EXPECT_EQ(device.used_bytes(), 0u);
+  }
+}
+
+// Whether a handle is fine is decided when it is made: one made with room is not given back at a
+// cut near the limit, so that a later pass, which finds the handles the first left, cuts as the
+// first did (Note [Fine cuts]).
+TEST(EngineHandles, AHandleMadeWithRoomIsNotGivenBackAtACutNearTheLimit) {
+  SimDevice device(sim_options(4 * GiB));
+  CachingAllocator alloc(device, Config());
+  void* b = alloc.allocate(20 * MiB, default_stream);  // far from the limit: the page [0, 10)
+  void* a = alloc.allocate(2 * GiB, default_stream);
+  alloc.deallocate(b, default_stream);
+  const auto creates = device.counters().of(DeviceOp::create_physical);
+  const auto unmaps = device.counters().of(DeviceOp::unmap);
+  // Near the limit now; 5 MiB, the best fit, ends inside [0, 10): served there with no call.
+  void* c = alloc.allocate(5 * MiB, default_stream);
+  EXPECT_EQ(c, b);
+  EXPECT_EQ(alloc.stats().num_fine_cuts, 0);
+  EXPECT_EQ(device.counters().of(DeviceOp::create_physical), creates);
+  EXPECT_EQ(device.counters().of(DeviceOp::unmap), unmaps);
+  alloc.check();
+  alloc.deallocate(c, default_stream);
+  alloc.deallocate(a, default_stream);
+  alloc.empty_cache();
+  EXPECT_EQ(device.used_bytes(), 0u);
+}
+
 // Random requests on several streams near the limit, check() after every step: SimDevice refuses
 // any map of part of a handle and any unmap that cuts a mapping, so none is ever made.
 TEST(EngineHandles, RandomWorkNearTheLimitOnlyEverMapsAndUnmapsWholeHandles) {

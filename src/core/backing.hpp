@@ -49,6 +49,7 @@ struct Counters {
   std::int64_t reclaim_syncs = 0;  // waits for a stream's work before unmapping
   std::int64_t handle_splits = 0;  // handles given back before a request took part of them
   std::int64_t oom_rescues = 0;    // requests the last resort served (Backing::last_resort)
+  std::int64_t fine_cuts = 0;      // handles made near the limit given back before a cut
 
   /// Writes the counters into their Stats fields.
   void export_to(Stats& s) const noexcept {
@@ -66,6 +67,7 @@ struct Counters {
     s.num_reclaim_syncs = reclaim_syncs;
     s.num_handle_splits = handle_splits;
     s.num_oom_rescues = oom_rescues;
+    s.num_fine_cuts = fine_cuts;
   }
 };
 

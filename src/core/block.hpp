@@ -83,15 +83,19 @@ struct Segment {
   // segments have no pages and unmapped_pages == 0, so the cache-hit path tests one counter.
   // kSpan is set when it reaches over more than one page of PyTorch's expandable segments'
   // grid (2 MiB small, 20 MiB large, from the segment's base): such a handle lies inside one
-  // block that is not free, or under free blocks only (the page rule, vmm.cpp).
+  // block that is not free, or under free blocks only (the page rule, vmm.cpp). kFine is set when
+  // it was made near the limit: a block cut to end inside it, where it goes on under the rest of
+  // the free block, gives it back first (Note [Fine cuts], vmm.cpp).
   static constexpr std::uint64_t kNoPage = ~std::uint64_t{0};
   static constexpr std::uint64_t kSpan = std::uint64_t{1} << 61;
+  static constexpr std::uint64_t kFine = std::uint64_t{1} << 60;
   std::vector<std::uint64_t> pages;
   // Beside `pages`, one bit per granule, set where it is mapped, so that the cache-hit path tests
   // a block's granules a 64-bit word at a time.
   std::vector<std::uint64_t> mapped_bits;
   std::size_t unmapped_pages = 0;
   std::size_t spans = 0;  // mapped handles with kSpan (0 for a classic segment)
+  std::size_t fines = 0;  // mapped handles with kFine (0 for a classic segment)
   std::size_t page_size = 0;
   unsigned page_shift = 0;  // log2(page_size)
   bool expandable = false;
@@ -131,13 +135,21 @@ struct Segment {
     if (unmapped_pages == 0) return true;
     return all_set(mapped_bits, first_page(lo), end_page(hi));
   }
-  /// Whether a handle with kSpan lies under the byte before `hi` and goes on past it: a block
-  /// cut to end at `hi` would hold part of it (the page rule: such a handle must first go back).
-  bool cuts_span(std::uintptr_t hi) const noexcept {
+  /// Whether cutting a block [lo, hi) from the free block that starts at `lo` must first give
+  /// back the handle under the byte before `hi` (the backing's slow path decides; the cache-hit
+  /// path asks only when spans or fines is not 0): one with kSpan that goes on past `hi` (the
+  /// page rule), or one with kFine that goes on past the granule `hi` ends in and starts no
+  /// earlier than the block's first whole granule (a fine cut: it may lie under the free block
+  /// only).
+  bool cut_needs_backing(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
     const std::size_t i = (hi - 1 - base) >> page_shift;
     const std::uint64_t page = pages[i];
-    if (page == kNoPage || (page & kSpan) == 0) return false;
-    return ((hi - base) & (page_size - 1)) != 0 || (i + 1 < pages.size() && pages[i + 1] == page);
+    if (page == kNoPage || (page & (kSpan | kFine)) == 0) return false;
+    const bool goes_on = i + 1 < pages.size() && pages[i + 1] == page;
+    if ((page & kSpan) != 0 && (goes_on || ((hi - base) & (page_size - 1)) != 0)) return true;
+    if ((page & kFine) == 0 || !goes_on) return false;
+    const std::size_t first = (lo - base + page_size - 1) >> page_shift;  // the first whole one
+    return first <= i && (first == 0 || pages[first - 1] != page);
   }
   /// The first mapped granule in [i, end), or `end`: a word of the bit vector at a time, so that
   /// a walk over the handles of a range as large as the device skips its unmapped stretches.

@@ -23,14 +23,17 @@ namespace {
 __attribute__((noinline)) bool part_mapped(const Block& b, std::size_t used) noexcept {
   const detail::Segment& s = *b.segment;
   if (!s.expandable) return true;
-  if (used != b.size && s.spans != 0 && s.cuts_span(b.addr + used)) return false;
+  if (used != b.size && (s.spans | s.fines) != 0 && s.cut_needs_backing(b.addr, b.addr + used)) {
+    return false;
+  }
   return s.pages_mapped(b.addr, b.addr + used);
 }
 
 // Whether the cached block `b` can serve `size` on the hot path: always in a classic segment; in
 // an expandable one, when the granules under the part handed out (the block, or its first `size`
 // bytes when it is split: map_for's range) are all mapped, and a split never cuts a handle that
-// reaches over several pages (the page rule: the slow path gives it back first). The rest of the
+// reaches over several pages (the page rule: the slow path gives it back first) nor ends inside a
+// handle made near the limit that goes on under the free rest (a fine cut). The rest of the
 // segment does not matter, so the engine adds nothing to a hit on mapped memory but, on a split,
 // one counter.
 CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
@@ -38,7 +41,8 @@ CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, st
   const detail::Segment& s = *b.segment;
   const std::size_t used = policy.should_split(b.size, size, small, s.expandable) ? size : b.size;
   if (b.addr + used <= s.mapped_end) {
-    return used == b.size || s.spans == 0 || !s.cuts_span(b.addr + used);
+    return used == b.size || (s.spans | s.fines) == 0 ||
+           !s.cut_needs_backing(b.addr, b.addr + used);
   }
   return part_mapped(b, used);
 }

@@ -80,6 +80,7 @@ std::map<std::string, std::int64_t> Stats::flatten() const {
   out["num_reclaim_syncs"] = num_reclaim_syncs;
   out["num_handle_splits"] = num_handle_splits;
   out["num_oom_rescues"] = num_oom_rescues;
+  out["num_fine_cuts"] = num_fine_cuts;
   out["num_vmm_fallbacks"] = num_vmm_fallbacks;
   return out;
 }

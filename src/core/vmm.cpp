@@ -20,7 +20,9 @@
 // own, so that the rest can go back once the block is freed, and the extension follows the room
 // on handles of its own, so that a block cut from it goes back whole (Note [The shared granule]);
 // the closer to the limit, the smaller the largest handle (a 32nd of the room left), down to one
-// granule, so that what a free block covers can be given back. A handle never reaches past its page
+// granule, so that what a free block covers can be given back; and a block cut to end inside a
+// handle made near the limit gives that handle back first, so that the rest of the free block
+// is on handles of its own (Note [Fine cuts]). A handle never reaches past its page
 // unless it lies inside the one block it was made for (Note [The page rule]), so a handle made
 // while there was room pins, under a small live block, no more than expandable segments' page
 // would.
@@ -76,6 +78,7 @@ namespace {
 
 constexpr std::uint64_t kNoPage = Segment::kNoPage;
 constexpr std::uint64_t kSpan = Segment::kSpan;
+constexpr std::uint64_t kFine = Segment::kFine;
 
 /// The slot of the handle a mapped granule names.
 std::uint32_t slot_of(std::uint64_t page) noexcept { return static_cast<std::uint32_t>(page); }
@@ -99,6 +102,9 @@ constexpr std::size_t kLargePage = 20 * MiB;
 /// traces at their smallest capacities, at PyTorch's and at 80 GiB (docs/design.md).
 constexpr std::size_t kHandleDivisor = 32;
 constexpr std::size_t kMaxPieces = 6;
+/// A handle is fine (Note [Fine cuts]) when made while the room the device and the limit leave is
+/// less than kFineFactor times the memory the engine holds.
+constexpr std::size_t kFineFactor = 2;
 /// With room, a growth extends over the free rest of its block by up to the room /
 /// kExtensionDivisor and the pool's mapped memory / kGrowthDivisor (at most to the end of the page
 /// it ends in).
@@ -118,10 +124,20 @@ struct GranuleRun {
   bool empty() const noexcept { return end <= first; }
 };
 
-/// A handle to create for granules [first, first + granules) of the segment being mapped.
+/// A handle to create for granules [first, first + granules) of the segment being mapped; `fine`
+/// when made near the limit (Note [Fine cuts]).
 struct PlannedHandle {
   std::size_t first;
   std::size_t granules;
+  bool fine = false;
+};
+
+/// What make_finer gave back before a cut: whether any handle went back (the request is then
+/// mapped on handles of a page at most), and the end of the fine handle the request ends inside
+/// (0: none), up to which the free granules after the request are mapped again.
+struct Finer {
+  bool gone = false;
+  std::size_t refill = 0;
 };
 
 /// Granules [first, end) of one segment that a reclaim must leave mapped (those a block being
@@ -213,13 +229,14 @@ class MappedHandles final : public Backing {
     return first / page != (first + granules - 1) / page;
   }
   std::vector<std::uint32_t> finer_under(const Block& b, std::uintptr_t hi) const;
+  std::optional<std::uint32_t> fine_under(const Block& b, std::uintptr_t hi) const;
   bool needs_finer(const Block& b, std::size_t size, bool small) const;
-  bool make_finer(StreamPool& pool, Block& b, std::uintptr_t hi);
+  Finer make_finer(StreamPool& pool, Block& b, std::uintptr_t hi);
   Block* new_segment(StreamPool& pool, std::size_t size, bool small);
   std::size_t range_size(std::size_t size, bool small) const noexcept;
   bool map_for(StreamPool& pool, Block& b, std::size_t size, bool small, bool reclaim);
   std::vector<PlannedHandle> plan(const Segment& seg, GranuleRun request, GranuleRun whole,
-                                  std::size_t limit, bool small, std::size_t held, bool pages_only);
+                                  std::size_t limit, bool small, std::size_t held, Finer finer);
   void cut(const Segment& seg, GranuleRun part, std::size_t piece,
            std::vector<PlannedHandle>& planned) const;
   std::size_t headroom();
@@ -357,6 +374,25 @@ Block* MappedHandles::last_resort(StreamPool& pool, std::size_t size, bool small
 
 // --- giving a handle back before a block takes part of it ------------------------------------------------
 
+// Note [Fine cuts]. The page rule bounds what a handle pins under a small live block by what
+// expandable segments' page would; near the limit the engine does better. A handle made while the
+// room left is less than kFineFactor times what the engine holds is fine (kFine). When a block is
+// cut from a free block so that it ends inside a fine handle that goes on past the granule the
+// block ends in and lies under that free block only, the handle goes back first (make_finer); the
+// block's granules, and the rest of the handle after them, are mapped again on handles of their
+// own (plan(): the block's last granule alone, then the rest), so that once the rest is free it can
+// go back whatever the block does. Without this, a handle made for an earlier block and cut by a
+// later one pins the free granules after the later one's end for as long as it lives: at the
+// out-of-memory error of a training step on PyTorch's own min_capacity, 972 MiB of holes between
+// live blocks stayed mapped that way (docs/design.md). Whether a handle is fine is decided when it
+// is made and kept with it, not from the room at the cut: a pass that repeats an earlier one cuts
+// where the earlier did, on the handles the earlier left, and chooses as it did - deciding at the
+// cut, a training step's second pass under pressure cut the handles its first had made with room,
+// and paid calls at every such cut. The rest is mapped again at once, rather than left unmapped,
+// so that the blocks the next pass cuts there find it mapped. With room - at least twice what
+// the engine holds - no handle is fine: a cold pass of the shared traces at 80 GiB makes the
+// calls it made without fine cuts.
+
 // The handles under the part [b.addr, hi) of the free block `b` that a request would take which
 // must go back first (the page rule): those reaching over several pages (kSpan) that the part
 // would not hold whole. Lying under free blocks only, such a handle lies inside `b`.
@@ -378,28 +414,58 @@ std::vector<std::uint32_t> MappedHandles::finer_under(const Block& b, std::uintp
   return found;
 }
 
+// The fine handle (kFine) that a block cut from the free block `b` to end at `hi` would end inside,
+// when it goes on past the granule `hi` ends in and lies under `b` only, so that it can go back
+// (Note [Fine cuts]).
+std::optional<std::uint32_t> MappedHandles::fine_under(const Block& b, std::uintptr_t hi) const {
+  const Segment& seg = *b.segment;
+  const std::size_t i = touched(seg, b.addr, hi).end - 1;
+  const std::uint64_t page = seg.pages[i];
+  if (page == kNoPage || (page & kFine) == 0) return std::nullopt;
+  const HandleSlot& h = handles_[slot_of(page)];
+  const GranuleRun under = inside(seg, b.addr, b.addr + b.size);
+  if (h.first + h.granules <= i + 1 || h.first < under.first || h.first + h.granules > under.end) {
+    return std::nullopt;
+  }
+  return slot_of(page);
+}
+
 // Whether serving `size` from the mapped free block `b` needs a handle under it given back first
-// (finer_under): the hot path's test (Segment::cuts_span), the granule the part ends in.
+// (finer_under, fine_under): the hot path's test (Segment::cut_needs_backing), the granule the
+// part ends in, and for a fine handle where it lies.
 bool MappedHandles::needs_finer(const Block& b, std::size_t size, bool small) const {
   const Segment& seg = *b.segment;
   const std::uintptr_t hi = b.addr + used_part(b, size, small);
-  return hi != b.addr + b.size && seg.spans != 0 && seg.cuts_span(hi);
+  if (hi == b.addr + b.size || (seg.spans | seg.fines) == 0 || !seg.cut_needs_backing(b.addr, hi)) {
+    return false;
+  }
+  return (seg.pages[touched(seg, b.addr, hi).end - 1] & kSpan) != 0 || fine_under(b, hi);
 }
 
 // Before the part [b.addr, hi) of the free block `b` is handed out: unmaps and releases the
-// handles finer_under names (after the work of the pool's stream), so that the request gets
-// handles of its own. This is what keeps the page rule when a block is cut from a free one that a
-// handle reaching over several pages lies under. Returns whether one went back: the request is
-// then mapped on handles of a page at most (plan()), as expandable segments would map it, so that
-// memory once cut up stays in pages and a large handle costs at most one creation and one
-// release more than expandable segments' pages over its life.
-bool MappedHandles::make_finer(StreamPool& pool, Block& b, std::uintptr_t hi) {
-  const std::vector<std::uint32_t> spans = finer_under(b, hi);
-  if (spans.empty()) return false;
+// handles finer_under and fine_under name (after the work of the pool's stream), so that the
+// request gets handles of its own. This is what keeps the page rule when a block is cut from a
+// free one that a handle reaching over several pages lies under, and what a fine cut gives back
+// (Note [Fine cuts]). Returns whether one went back: the request is then mapped on handles of a
+// page at most (plan()), as expandable segments would map it, so that memory once cut up stays in
+// pages and a large handle costs at most one creation and one release more than expandable
+// segments' pages over its life; and the end of the fine handle, up to which the granules after
+// the request are mapped again.
+Finer MappedHandles::make_finer(StreamPool& pool, Block& b, std::uintptr_t hi) {
+  std::vector<std::uint32_t> gone = finer_under(b, hi);
+  Finer finer;
+  if (!gone.empty()) ++ctx_.counters.handle_splits;
+  if (const std::optional<std::uint32_t> fine = fine_under(b, hi)) {
+    finer.refill = handles_[*fine].first + handles_[*fine].granules;
+    // The handle the part ends inside lies after every other one under the part.
+    if (gone.empty() || gone.back() != *fine) gone.push_back(*fine);
+    ++ctx_.counters.fine_cuts;
+  }
+  if (gone.empty()) return finer;
   wait_for_stream(ctx_, pool.stream);
-  unmap_and_release(pool, *b.segment, spans, Unmap::reclaim);
-  ++ctx_.counters.handle_splits;
-  return true;
+  unmap_and_release(pool, *b.segment, gone, Unmap::reclaim);
+  finer.gone = true;
+  return finer;
 }
 
 // The address space a new expandable segment for `size` reserves. In the large pool, one range
@@ -459,14 +525,14 @@ bool MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size, bool s
                             bool reclaim) {
   Segment& seg = *b.segment;
   const std::uintptr_t hi = b.addr + used_part(b, size, small);
-  const bool pages_only = make_finer(pool, b, hi);
+  const Finer finer = make_finer(pool, b, hi);
   if (seg.unmapped_pages == 0) return true;
   const std::size_t limit = touched(seg, b.addr, b.addr + b.size).end;
   const auto held = static_cast<std::size_t>(pool.stats().current(
       StatKind::reserved_bytes, small ? StatPool::small_pool : StatPool::large_pool));
   const GranuleRun request = touched(seg, b.addr, hi);
   const std::vector<PlannedHandle> planned =
-      plan(seg, request, inside(seg, b.addr, hi), limit, small, held, pages_only);
+      plan(seg, request, inside(seg, b.addr, hi), limit, small, held, finer);
   if (planned.empty()) return true;
   std::vector<std::uint32_t> slots;
   if (!create(planned, slots, pool, Keep{&seg, request.first, request.end}, reclaim)) return false;
@@ -511,7 +577,7 @@ bool MappedHandles::map_for(StreamPool& pool, Block& b, std::size_t size, bool s
 //    a handle of its own is not extended there: the next growth maps that page.
 std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun request,
                                                GranuleRun whole, std::size_t limit, bool small,
-                                               std::size_t held, bool pages_only) {
+                                               std::size_t held, Finer finer) {
   std::vector<GranuleRun> runs;
   std::size_t need = 0;
   for (std::size_t i = request.first; i < request.end;) {
@@ -534,7 +600,7 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
       std::min(cap_granules(small), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
   const bool far = largest >= unit && after / kFarFromLimit >= ctx_.reservation.bytes() + need * g_;
   const std::size_t page = page_granules(seg);
-  const bool whole_spans = cap_granules(small) > page && !pages_only;
+  const bool whole_spans = cap_granules(small) > page && !finer.gone;
   const auto inner = [&](const GranuleRun& r) {  // the part of a run that may be one handle
     const GranuleRun in{std::max(r.first, whole.first), std::min(r.end, whole.end)};
     const bool spans = !in.empty() && whole_spans && spans_pages(seg, in.first, in.size());
@@ -554,6 +620,11 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
     while (tail.end < std::min({limit, page_end, reach}) && seg.pages[tail.end] == kNoPage) {
       ++tail.end;
     }
+  }
+  // A fine cut gave back the handle the request ends inside: the granules of it after the request
+  // are mapped again, on handles of their own (Note [Fine cuts]).
+  if (finer.refill > tail.end) {
+    while (tail.end < std::min(limit, finer.refill) && seg.pages[tail.end] == kNoPage) ++tail.end;
   }
   // Nearer the limit, the last granule of a request that ends inside it goes in a handle of its
   // own, and the extension after it in handles of their own: the next block cut from the rest of
@@ -580,6 +651,9 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
       i = request.end;  // the extension, if any, after it
     }
     cut(seg, {i, r.end}, piece, planned);
+  }
+  if (room < kFineFactor * ctx_.reservation.bytes()) {
+    for (PlannedHandle& p : planned) p.fine = true;
   }
   return planned;
 }
@@ -755,7 +829,8 @@ bool MappedHandles::map_planned(StreamPool& pool, Segment& seg,
       handles_.place(slots[k], &seg, planned[k].first);
       const bool span = spans_pages(seg, planned[k].first, planned[k].granules);
       seg.spans += span ? 1 : 0;
-      const std::uint64_t page = slots[k] | (span ? kSpan : 0);
+      seg.fines += planned[k].fine ? 1 : 0;
+      const std::uint64_t page = slots[k] | (span ? kSpan : 0) | (planned[k].fine ? kFine : 0);
       for (std::size_t p = planned[k].first; p < planned[k].first + planned[k].granules; ++p) {
         seg.set_page(p, page);
       }
@@ -900,6 +975,9 @@ std::size_t MappedHandles::unmap_and_release(StreamPool& pool, Segment& seg,
     const std::size_t bytes = (end - start) * g_;
     check_device(ctx_.device, ctx_.device.unmap(reinterpret_cast<void*>(va), bytes),
                  DeviceOp::unmap);
+    for (std::size_t k = i; k < j; ++k) {
+      seg.fines -= (seg.pages[handles_[slots[k]].first] & kFine) != 0 ? 1 : 0;
+    }
     for (std::size_t p = start; p < end; ++p) seg.set_page(p, kNoPage);
     seg.unmapped_pages += end - start;
     seg.mapped_end = std::min(seg.mapped_end, va);
@@ -1043,6 +1121,7 @@ void MappedHandles::trim() {
 // that is not free, or under free blocks only; spans counts them.
 void MappedHandles::check_page_rule(const Segment& s) const {
   std::size_t spans = 0;
+  std::size_t fines = 0;
   for (std::size_t i = 0; i < s.pages.size();) {
     if (s.pages[i] == kNoPage) {
       ++i;
@@ -1050,6 +1129,7 @@ void MappedHandles::check_page_rule(const Segment& s) const {
     }
     const HandleSlot& h = handles_[slot_of(s.pages[i])];
     i = h.first + h.granules;
+    fines += (s.pages[h.first] & kFine) != 0 ? 1 : 0;
     if ((s.pages[h.first] & kSpan) == 0) continue;
     ++spans;
     const std::uintptr_t lo = s.base + h.first * g_;
@@ -1069,6 +1149,12 @@ void MappedHandles::check_page_rule(const Segment& s) const {
         fmt::format("cistern::check: virtual-memory engine: segment {:#x}: {} handles reach over "
                     "several pages but the counter says {}",
                     s.base, spans, s.spans));
+  }
+  if (fines != s.fines) {
+    throw InvariantViolation(
+        fmt::format("cistern::check: virtual-memory engine: segment {:#x}: {} handles were made "
+                    "near the limit but the counter says {}",
+                    s.base, fines, s.fines));
   }
 }
 
@@ -1121,7 +1207,7 @@ void MappedHandles::check(const std::vector<const Segment*>& segments) const {
       if (h.segment != s || h.first != i || h.first + h.granules > s->pages.size() ||
           h.handle.bytes != h.granules * g_ ||
           ((page & kSpan) != 0) != spans_pages(*s, h.first, h.granules) ||
-          (page & ~kSpan) != slot) {
+          (page & ~(kSpan | kFine)) != slot) {
         fail(fmt::format("handle {} is not placed whole at granule {} of segment {:#x}", slot, i,
                          s->base));
       }

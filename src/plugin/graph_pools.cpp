@@ -60,6 +60,7 @@ void add_stats(Stats& total, const Stats& add) {
   total.num_reclaim_syncs += add.num_reclaim_syncs;
   total.num_handle_splits += add.num_handle_splits;
   total.num_oom_rescues += add.num_oom_rescues;
+  total.num_fine_cuts += add.num_fine_cuts;
   total.num_vmm_fallbacks += add.num_vmm_fallbacks;
 }
 
