@@ -135,21 +135,22 @@ struct Segment {
     if (unmapped_pages == 0) return true;
     return all_set(mapped_bits, first_page(lo), end_page(hi));
   }
-  /// Whether cutting a block [lo, hi) from the free block that starts at `lo` must first give
-  /// back the handle under the byte before `hi` (the backing's slow path decides; the cache-hit
-  /// path asks only when spans or fines is not 0): one with kSpan that goes on past `hi` (the
-  /// page rule), or one with kFine that goes on past the granule `hi` ends in and starts no
-  /// earlier than the block's first whole granule (a fine cut: it may lie under the free block
-  /// only).
-  bool cut_needs_backing(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
+  /// Whether cutting a block [lo, hi) from the free block [lo, end) must first give back the
+  /// handle under the byte before `hi` (the cache-hit path asks only when spans or fines is not
+  /// 0): one with kSpan that goes on past `hi` (the page rule), or one with kFine that goes on
+  /// past the granule `hi` ends in and lies inside the free block's whole granules (a fine cut).
+  /// A handle covers adjacent granules, so the granules just outside tell where it ends.
+  bool cut_needs_backing(std::uintptr_t lo, std::uintptr_t hi, std::uintptr_t end) const noexcept {
     const std::size_t i = (hi - 1 - base) >> page_shift;
     const std::uint64_t page = pages[i];
     if (page == kNoPage || (page & (kSpan | kFine)) == 0) return false;
     const bool goes_on = i + 1 < pages.size() && pages[i + 1] == page;
     if ((page & kSpan) != 0 && (goes_on || ((hi - base) & (page_size - 1)) != 0)) return true;
     if ((page & kFine) == 0 || !goes_on) return false;
-    const std::size_t first = (lo - base + page_size - 1) >> page_shift;  // the first whole one
-    return first <= i && (first == 0 || pages[first - 1] != page);
+    const std::size_t first = (lo - base + page_size - 1) >> page_shift;  // the whole granules
+    const std::size_t last = (end - base) >> page_shift;
+    return first <= i && (first == 0 || pages[first - 1] != page) &&
+           (last >= pages.size() || pages[last] != page);
   }
   /// The first mapped granule in [i, end), or `end`: a word of the bit vector at a time, so that
   /// a walk over the handles of a range as large as the device skips its unmapped stretches.

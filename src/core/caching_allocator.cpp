@@ -23,7 +23,8 @@ namespace {
 __attribute__((noinline)) bool part_mapped(const Block& b, std::size_t used) noexcept {
   const detail::Segment& s = *b.segment;
   if (!s.expandable) return true;
-  if (used != b.size && (s.spans | s.fines) != 0 && s.cut_needs_backing(b.addr, b.addr + used)) {
+  if (used != b.size && (s.spans | s.fines) != 0 &&
+      s.cut_needs_backing(b.addr, b.addr + used, b.addr + b.size)) {
     return false;
   }
   return s.pages_mapped(b.addr, b.addr + used);
@@ -42,7 +43,7 @@ CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, st
   const std::size_t used = policy.should_split(b.size, size, small, s.expandable) ? size : b.size;
   if (b.addr + used <= s.mapped_end) {
     return used == b.size || (s.spans | s.fines) == 0 ||
-           !s.cut_needs_backing(b.addr, b.addr + used);
+           !s.cut_needs_backing(b.addr, b.addr + used, b.addr + b.size);
   }
   return part_mapped(b, used);
 }

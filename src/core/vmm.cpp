@@ -431,15 +431,13 @@ std::optional<std::uint32_t> MappedHandles::fine_under(const Block& b, std::uint
 }
 
 // Whether serving `size` from the mapped free block `b` needs a handle under it given back first
-// (finer_under, fine_under): the hot path's test (Segment::cut_needs_backing), the granule the
-// part ends in, and for a fine handle where it lies.
+// (finer_under, fine_under): the hot path's test (Segment::cut_needs_backing), on the granule the
+// part ends in.
 bool MappedHandles::needs_finer(const Block& b, std::size_t size, bool small) const {
   const Segment& seg = *b.segment;
   const std::uintptr_t hi = b.addr + used_part(b, size, small);
-  if (hi == b.addr + b.size || (seg.spans | seg.fines) == 0 || !seg.cut_needs_backing(b.addr, hi)) {
-    return false;
-  }
-  return (seg.pages[touched(seg, b.addr, hi).end - 1] & kSpan) != 0 || fine_under(b, hi);
+  return hi != b.addr + b.size && (seg.spans | seg.fines) != 0 &&
+         seg.cut_needs_backing(b.addr, hi, b.addr + b.size);
 }
 
 // Before the part [b.addr, hi) of the free block `b` is handed out: unmaps and releases the
