@@ -889,10 +889,11 @@ TEST(EngineHandles, NearTheLimitACutInsideAFineHandleGivesItBackFirst) {
       return device.counters().of(DeviceOp::create_physical) + device.counters().of(DeviceOp::map) +
              device.counters().of(DeviceOp::unmap);
     };
-    // Granules [0, 1024). On the 4 GiB device, 20 MiB at granule 1024 then leave 2 GiB, less
-    // than twice the 2 GiB held: its handles, [1024, 1030) to its page's end and [1030, 1034), are
-    // fine. On the 64 GiB device both growths are far from the limit and map as expandable
-    // segments do: 2 GiB's last page [1020, 1030) to its end, the 20 MiB then [1030, 1040).
+    // Granules [0, 1024). On the 4 GiB device the 20 MiB at granule 1024 are mapped with 2 GiB
+    // left, less than twice the 2 GiB held: their handles, [1024, 1030) to the page's end and
+    // [1030, 1034), are fine. On the 64 GiB device both growths are far from the limit and map
+    // as expandable segments do: the last page of the 2 GiB, [1020, 1030), to its end, then
+    // [1030, 1040).
     void* a = alloc.allocate(2 * GiB, default_stream);
     void* b = alloc.allocate(20 * MiB, default_stream);
     ASSERT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 2 * GiB);
