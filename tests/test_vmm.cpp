@@ -25,6 +25,12 @@ namespace {
 
 constexpr std::size_t kPage = 2 * MiB;
 
+// The device's memory calls so far: handles created, maps and unmaps.
+std::uint64_t memory_calls(const SimDevice& device) {
+  return device.counters().of(DeviceOp::create_physical) + device.counters().of(DeviceOp::map) +
+         device.counters().of(DeviceOp::unmap);
+}
+
 class Engine : public AllocatorTest {
  protected:
   // Page-sized handles by default, so that every byte figure below is exact.
@@ -744,16 +750,13 @@ TEST(EngineHandles, AHandleUnderALiveBlockIsNeverUnmapped) {
   EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
   alloc.check();
   alloc.deallocate(a, default_stream);  // now the whole handle is free: 16 MiB fit
-  const auto calls = device.counters().of(DeviceOp::create_physical) +
-                     device.counters().of(DeviceOp::map) + device.counters().of(DeviceOp::unmap);
+  const auto calls = memory_calls(device);
   void* b = alloc.allocate(16 * MiB, s1);
   ASSERT_NE(b, nullptr);
   // s1 takes over the default stream's cached range, and the request lies on its free handle.
   EXPECT_EQ(alloc.stats().num_cross_stream_reuse, 1);
   EXPECT_EQ(alloc.reserved_bytes(), 20 * MiB);
-  EXPECT_EQ(device.counters().of(DeviceOp::create_physical) + device.counters().of(DeviceOp::map) +
-                device.counters().of(DeviceOp::unmap),
-            calls);
+  EXPECT_EQ(memory_calls(device), calls);
   alloc.check();
   alloc.deallocate(b, s1);
 }
@@ -779,16 +782,13 @@ TEST(EngineHandles, NearTheLimitASmallRequestTakesPartOfAFreePageHandleWithNoCal
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(alloc.stats().num_pages_reclaimed, 10);
   alloc.deallocate(e, default_stream);
-  const auto calls = device.counters().of(DeviceOp::create_physical) +
-                     device.counters().of(DeviceOp::map) + device.counters().of(DeviceOp::unmap);
+  const auto calls = memory_calls(device);
   // 2 MiB, then 6 MiB, on the default pool's free 20 MiB handle: no call, nothing given back.
   void* f = alloc.allocate(2 * MiB, default_stream);
   void* g = alloc.allocate(6 * MiB, default_stream);
   EXPECT_EQ(f, e);
   EXPECT_EQ(static_cast<char*>(g), static_cast<char*>(f) + 2 * MiB);
-  EXPECT_EQ(device.counters().of(DeviceOp::create_physical) + device.counters().of(DeviceOp::map) +
-                device.counters().of(DeviceOp::unmap),
-            calls);
+  EXPECT_EQ(memory_calls(device), calls);
   EXPECT_EQ(alloc.stats().num_handle_splits, 0);
   alloc.check();
   // Freed and asked again: the same blocks, still no call.
@@ -796,9 +796,7 @@ TEST(EngineHandles, NearTheLimitASmallRequestTakesPartOfAFreePageHandleWithNoCal
   alloc.deallocate(f, default_stream);
   EXPECT_EQ(alloc.allocate(2 * MiB, default_stream), f);
   EXPECT_EQ(alloc.allocate(6 * MiB, default_stream), g);
-  EXPECT_EQ(device.counters().of(DeviceOp::create_physical) + device.counters().of(DeviceOp::map) +
-                device.counters().of(DeviceOp::unmap),
-            calls);
+  EXPECT_EQ(memory_calls(device), calls);
   alloc.check();
   alloc.deallocate(f, default_stream);
   alloc.deallocate(g, default_stream);
@@ -885,10 +883,6 @@ TEST(EngineHandles, NearTheLimitACutInsideAFineHandleGivesItBackFirst) {
     SCOPED_TRACE(near ? "4 GiB device" : "64 GiB device");
     SimDevice device(sim_options(near ? 4 * GiB : 64 * GiB));
     CachingAllocator alloc(device, Config());
-    const auto calls = [&] {
-      return device.counters().of(DeviceOp::create_physical) + device.counters().of(DeviceOp::map) +
-             device.counters().of(DeviceOp::unmap);
-    };
     // Granules [0, 1024). On the 4 GiB device the 20 MiB at granule 1024 are mapped with 2 GiB
     // left, less than twice the 2 GiB held: their handles, [1024, 1030) to the page's end and
     // [1030, 1034), are fine. On the 64 GiB device both growths are far from the limit and map
@@ -900,24 +894,24 @@ TEST(EngineHandles, NearTheLimitACutInsideAFineHandleGivesItBackFirst) {
     alloc.deallocate(b, default_stream);
     const std::size_t reserved = alloc.reserved_bytes();
     // 5 MiB cut from the free 20 MiB ends in granule 1026.
-    const auto before = calls();
+    const auto before = memory_calls(device);
     void* c = alloc.allocate(5 * MiB, default_stream);
     EXPECT_EQ(c, b);
     EXPECT_EQ(alloc.stats().num_fine_cuts, near ? 1 : 0);
     // Near: [1024, 1030) given back (one unmap), then [1024, 1026), [1026, 1027) and [1027, 1030)
     // created and mapped (three of each): as much memory as before.
-    EXPECT_EQ(calls() - before, near ? 7u : 0u);
+    EXPECT_EQ(memory_calls(device) - before, near ? 7u : 0u);
     EXPECT_EQ(alloc.reserved_bytes(), reserved);
     alloc.check();
     // The same requests again make no call: they are cut where the handles now end.
-    const auto settled = calls();
+    const auto settled = memory_calls(device);
     for (int pass = 0; pass < 2; ++pass) {
       alloc.deallocate(c, default_stream);
       EXPECT_EQ(alloc.allocate(20 * MiB, default_stream), b);
       alloc.deallocate(b, default_stream);
       EXPECT_EQ(alloc.allocate(5 * MiB, default_stream), c);
     }
-    EXPECT_EQ(calls(), settled);
+    EXPECT_EQ(memory_calls(device), settled);
     EXPECT_EQ(alloc.stats().num_fine_cuts, near ? 1 : 0);
     // With c live, the cache gives back all but c's 3 granules near the limit; far from it, c's
     // page handle stays whole, shared with a (the page rule: what expandable segments' page holds).
