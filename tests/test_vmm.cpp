@@ -925,26 +925,71 @@ TEST(EngineHandles, NearTheLimitACutInsideAFineHandleGivesItBackFirst) {
   }
 }
 
-// Whether a handle is fine is decided when it is made: one made with room is not given back at a
-// cut near the limit, so that a later pass, which finds the handles the first left, cuts as the
-// first did (Note [Fine cuts]).
-TEST(EngineHandles, AHandleMadeWithRoomIsNotGivenBackAtACutNearTheLimit) {
+// A handle made with room is given back at a cut that ends inside it only while the pool is
+// crowded: its blocks in use hold more than a third of what the engine can have. What is cached
+// does not count, so that a later pass, which holds the cache the first left but the same blocks
+// in use at each request, cuts as the first did (Note [Fine cuts]).
+TEST(EngineHandles, AHandleMadeWithRoomIsGivenBackAtACutOnlyWhileThePoolIsCrowded) {
+  for (const bool crowded : {false, true}) {
+    SCOPED_TRACE(crowded ? "2 GiB of 4 GiB in use" : "2 GiB of 4 GiB cached");
+    SimDevice device(sim_options(4 * GiB));
+    CachingAllocator alloc(device, Config());
+    // Far from the limit: b's growth maps its page, granules [0, 10), as one handle.
+    void* b = alloc.allocate(20 * MiB, default_stream);
+    void* a = alloc.allocate(2 * GiB, default_stream);
+    alloc.deallocate(b, default_stream);
+    if (!crowded) alloc.deallocate(a, default_stream);  // held, not in use
+    const std::size_t reserved = alloc.reserved_bytes();
+    // Near the limit either way (2 GiB left, less than twice the 2 GiB held). 5 MiB, the best
+    // fit's start, ends in granule 2 of [0, 10).
+    const auto before = memory_calls(device);
+    void* c = alloc.allocate(5 * MiB, default_stream);
+    EXPECT_EQ(c, b);
+    EXPECT_EQ(alloc.stats().num_fine_cuts, crowded ? 1 : 0);
+    // Crowded: [0, 10) given back (one unmap), then [0, 2), [2, 3) and [3, 10) created and mapped
+    // (three of each), as much memory as before. Not crowded: served where it is, no call.
+    EXPECT_EQ(memory_calls(device) - before, crowded ? 7u : 0u);
+    EXPECT_EQ(alloc.reserved_bytes(), reserved);
+    alloc.check();
+    // The same requests again make no call.
+    const auto settled = memory_calls(device);
+    for (int pass = 0; pass < 2; ++pass) {
+      alloc.deallocate(c, default_stream);
+      EXPECT_EQ(alloc.allocate(20 * MiB, default_stream), b);
+      alloc.deallocate(b, default_stream);
+      EXPECT_EQ(alloc.allocate(5 * MiB, default_stream), c);
+    }
+    EXPECT_EQ(memory_calls(device), settled);
+    // With c live, the cache keeps c's 3 granules where the cut was fine, its whole page (the page
+    // rule's bound, what expandable segments' page holds) where it was not.
+    alloc.empty_cache();
+    EXPECT_EQ(alloc.reserved_bytes(), (crowded ? 2 * GiB : 0) + (crowded ? 6 : 20) * MiB);
+    alloc.check();
+    alloc.deallocate(c, default_stream);
+    if (crowded) alloc.deallocate(a, default_stream);
+    alloc.empty_cache();
+    EXPECT_EQ(device.used_bytes(), 0u);
+  }
+}
+
+// A pool made after the engine's first growth takes the engine's crowding threshold with it:
+// its own first growths, which leave the threshold as it was, do not set it.
+TEST(EngineHandles, APoolMadeAfterTheFirstGrowthKnowsWhenItIsCrowded) {
   SimDevice device(sim_options(4 * GiB));
   CachingAllocator alloc(device, Config());
-  void* b = alloc.allocate(20 * MiB, default_stream);  // far from the limit: the page [0, 10)
-  void* a = alloc.allocate(2 * GiB, default_stream);
-  alloc.deallocate(b, default_stream);
-  const auto creates = device.counters().of(DeviceOp::create_physical);
-  const auto unmaps = device.counters().of(DeviceOp::unmap);
-  // Near the limit now; 5 MiB, the best fit, ends inside [0, 10): served there with no call.
-  void* c = alloc.allocate(5 * MiB, default_stream);
+  void* first = alloc.allocate(MiB, default_stream);  // the first growth, on the first pool
+  const Stream side = device.create_stream();
+  void* b = alloc.allocate(20 * MiB, side);  // far from the limit: its page as one handle
+  void* a = alloc.allocate(2 * GiB, side);
+  alloc.deallocate(b, side);
+  const auto before = memory_calls(device);
+  void* c = alloc.allocate(5 * MiB, side);  // 2 GiB of 4 GiB in use on this stream: crowded
   EXPECT_EQ(c, b);
-  EXPECT_EQ(alloc.stats().num_fine_cuts, 0);
-  EXPECT_EQ(device.counters().of(DeviceOp::create_physical), creates);
-  EXPECT_EQ(device.counters().of(DeviceOp::unmap), unmaps);
+  EXPECT_EQ(alloc.stats().num_fine_cuts, 1);
+  EXPECT_EQ(memory_calls(device) - before, 7u);
   alloc.check();
-  alloc.deallocate(c, default_stream);
-  alloc.deallocate(a, default_stream);
+  for (void* p : {c, a}) alloc.deallocate(p, side);
+  alloc.deallocate(first, default_stream);
   alloc.empty_cache();
   EXPECT_EQ(device.used_bytes(), 0u);
 }

@@ -78,6 +78,12 @@ struct Reservation {
   std::atomic<std::size_t> held{0};
   std::size_t allowed = SIZE_MAX;
   std::size_t device_total = 0;
+  /// The engine's: a pool whose blocks in use hold more than this is crowded, and a block cut to
+  /// end inside a handle that goes on under the free rest gives that handle back first (Note
+  /// [Fine cuts] in vmm.cpp). A third of what the engine can have - what it holds and the room
+  /// the device and the limit leave - as of its last growth; SIZE_MAX before the first and with
+  /// classic segments. Each pool keeps a copy for the cache-hit path (StreamPool::crowded).
+  std::atomic<std::size_t> crowded_from{SIZE_MAX};
 
   std::size_t bytes() const noexcept { return held.load(std::memory_order_relaxed); }
   void add(std::size_t n) noexcept { held.fetch_add(n, std::memory_order_relaxed); }

@@ -137,16 +137,19 @@ struct Segment {
   }
   /// Whether cutting a block [lo, hi) from the free block [lo, end) must first give back the
   /// handle under the byte before `hi` (the cache-hit path asks only when spans or fines is not
-  /// 0): one with kSpan that goes on past `hi` (the page rule), or one with kFine that goes on
-  /// past the granule `hi` ends in and lies inside the free block's whole granules (a fine cut).
-  /// A handle covers adjacent granules, so the granules just outside tell where it ends.
-  bool cut_needs_backing(std::uintptr_t lo, std::uintptr_t hi, std::uintptr_t end) const noexcept {
+  /// 0, or the pool is `crowded`): one with kSpan that goes on past `hi` (the page rule), or one
+  /// with kFine - any handle, when `crowded` - that goes on past the granule `hi` ends in and lies
+  /// inside the free block's whole granules (a fine cut). A handle covers adjacent granules, so
+  /// the granules just outside tell where it ends.
+  bool cut_needs_backing(std::uintptr_t lo, std::uintptr_t hi, std::uintptr_t end,
+                         bool crowded) const noexcept {
     const std::size_t i = (hi - 1 - base) >> page_shift;
     const std::uint64_t page = pages[i];
-    if (page == kNoPage || (page & (kSpan | kFine)) == 0) return false;
+    const bool fine = crowded || (page & kFine) != 0;
+    if (page == kNoPage || ((page & kSpan) == 0 && !fine)) return false;
     const bool goes_on = i + 1 < pages.size() && pages[i + 1] == page;
     if ((page & kSpan) != 0 && (goes_on || ((hi - base) & (page_size - 1)) != 0)) return true;
-    if ((page & kFine) == 0 || !goes_on) return false;
+    if (!fine || !goes_on) return false;
     const std::size_t first = (lo - base + page_size - 1) >> page_shift;  // the whole granules
     const std::size_t last = (end - base) >> page_shift;
     return first <= i && (first == 0 || pages[first - 1] != page) &&

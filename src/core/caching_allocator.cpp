@@ -20,32 +20,42 @@ namespace {
 
 // mapped_for's test of an expandable segment with unmapped granules under the first `used` bytes
 // of `b`, out of line so that the test of a fully mapped segment stays short.
-__attribute__((noinline)) bool part_mapped(const Block& b, std::size_t used) noexcept {
+__attribute__((noinline)) bool part_mapped(const Block& b, std::size_t used,
+                                           bool crowded) noexcept {
   const detail::Segment& s = *b.segment;
   if (!s.expandable) return true;
-  if (used != b.size && (s.spans | s.fines) != 0 &&
-      s.cut_needs_backing(b.addr, b.addr + used, b.addr + b.size)) {
+  if (used != b.size && ((s.spans | s.fines) != 0 || crowded) &&
+      s.cut_needs_backing(b.addr, b.addr + used, b.addr + b.size, crowded)) {
     return false;
   }
   return s.pages_mapped(b.addr, b.addr + used);
+}
+
+// Whether a split of the mapped block `b` after `used` bytes must first give a handle back (the
+// slow path), out of line: only in an expandable segment with kSpan or kFine handles, or while
+// the pool is crowded.
+__attribute__((noinline)) bool cut_gives_back(const Block& b, std::size_t used,
+                                              bool crowded) noexcept {
+  const detail::Segment& s = *b.segment;
+  return s.expandable && s.cut_needs_backing(b.addr, b.addr + used, b.addr + b.size, crowded);
 }
 
 // Whether the cached block `b` can serve `size` on the hot path: always in a classic segment; in
 // an expandable one, when the granules under the part handed out (the block, or its first `size`
 // bytes when it is split: map_for's range) are all mapped, and a split never cuts a handle that
 // reaches over several pages (the page rule: the slow path gives it back first) nor ends inside a
-// handle made near the limit that goes on under the free rest (a fine cut). The rest of the
-// segment does not matter, so the engine adds nothing to a hit on mapped memory but, on a split,
-// one counter.
+// handle made near the limit, or any handle while the pool is crowded, that goes on under the
+// free rest (a fine cut). The rest of the segment does not matter, so the engine adds nothing to
+// a hit on mapped memory but, on a split, a counter and the pool's bytes in use.
 CISTERN_HOT bool mapped_for(const detail::SizePolicy& policy, const Block& b, std::size_t size,
-                            bool small) noexcept {
+                            bool small, const StreamPool& pool) noexcept {
   const detail::Segment& s = *b.segment;
   const std::size_t used = policy.should_split(b.size, size, small, s.expandable) ? size : b.size;
   if (b.addr + used <= s.mapped_end) {
-    return used == b.size || (s.spans | s.fines) == 0 ||
-           !s.cut_needs_backing(b.addr, b.addr + used, b.addr + b.size);
+    return used == b.size || ((s.spans | s.fines) == 0 && !pool.crowded()) ||
+           !cut_gives_back(b, used, pool.crowded());
   }
-  return part_mapped(b, used);
+  return part_mapped(b, used, pool.crowded());
 }
 
 }  // namespace
@@ -211,6 +221,7 @@ StreamPool& CachingAllocator::Impl::create_pool(Stream stream) {
     shared_.store(&shared_stats_, std::memory_order_relaxed);
   }
   auto pool = std::make_unique<StreamPool>(stream, policy_, config_, shared_, history_, regions_);
+  pool->set_crowded_from(reservation_.crowded_from.load(std::memory_order_relaxed));
   StreamPool& ref = *pool;
   pools_.add(std::move(pool));
   return ref;
@@ -247,7 +258,7 @@ CISTERN_HOT void* CachingAllocator::Impl::allocate_block(std::size_t bytes, Stre
     }
     // A block with pages missing is mapped on the slow path.
     Block* b = pool.find(size, small);
-    if (b != nullptr && mapped_for(policy_, *b, size, small)) {
+    if (b != nullptr && mapped_for(policy_, *b, size, small, pool)) {
       return pool.take(b, size, bytes);
     }
   }

@@ -311,6 +311,18 @@ class StreamPool {
   std::int64_t allocated_bytes_relaxed() const noexcept {
     return allocated_mirror_.load(std::memory_order_relaxed);
   }
+  /// Whether the pool's blocks in use hold more than crowded_from (Note [Fine cuts] in vmm.cpp;
+  /// Reservation::crowded_from). Under the pool lock.
+  bool crowded() const noexcept {
+    return allocated_mirror_.load(std::memory_order_relaxed) >
+           crowded_from_.load(std::memory_order_relaxed);
+  }
+  /// Sets the engine's crowding threshold for this pool (Reservation::crowded_from), under the
+  /// global lock.
+  void set_crowded_from(std::size_t bytes) noexcept {
+    crowded_from_.store(static_cast<std::int64_t>(std::min<std::size_t>(bytes, INT64_MAX)),
+                        std::memory_order_relaxed);
+  }
   /// The largest cached free block of a kind (0 if none); with the engine, the longest stretch
   /// of one that lies on mapped pages (address space alone serves nothing).
   std::size_t largest_free(bool small) const noexcept;
@@ -444,6 +456,7 @@ class StreamPool {
   std::vector<std::uint8_t> parked_listed_;  // the bin is in parked_bins_
   std::vector<std::uint32_t> parked_bins_;   // bins that may hold parked blocks
   std::atomic<std::int64_t> allocated_mirror_{0};
+  std::atomic<std::int64_t> crowded_from_{INT64_MAX};
 };
 
 // --- the block bookkeeping of the hot path, inline -------------------------------------------------

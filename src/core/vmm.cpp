@@ -103,8 +103,11 @@ constexpr std::size_t kLargePage = 20 * MiB;
 constexpr std::size_t kHandleDivisor = 32;
 constexpr std::size_t kMaxPieces = 6;
 /// A handle is fine (Note [Fine cuts]) when made while the room the device and the limit leave is
-/// less than kFineFactor times the memory the engine holds.
+/// less than kFineFactor times the memory the engine holds; a pool is crowded when its blocks in
+/// use hold more than 1 / kCrowdedShare of what the engine can have (its memory and that room).
+/// Both say "more than a third".
 constexpr std::size_t kFineFactor = 2;
+constexpr std::size_t kCrowdedShare = kFineFactor + 1;
 /// With room, a growth extends over the free rest of its block by up to the room /
 /// kExtensionDivisor and the pool's mapped memory / kGrowthDivisor (at most to the end of the page
 /// it ends in).
@@ -169,7 +172,7 @@ class MappedHandles final : public Backing {
   Block* cached_fit(StreamPool& pool, std::size_t size, bool small) override {
     Block* b = pool.find(size, small);
     if (b == nullptr || !mapped(*b, size, small)) return nullptr;
-    return needs_finer(*b, size, small) ? nullptr : b;
+    return needs_finer(pool, *b, size, small) ? nullptr : b;
   }
 
   Growth grow(StreamPool& pool, std::size_t size, bool small) override {
@@ -229,8 +232,8 @@ class MappedHandles final : public Backing {
     return first / page != (first + granules - 1) / page;
   }
   std::vector<std::uint32_t> finer_under(const Block& b, std::uintptr_t hi) const;
-  std::optional<std::uint32_t> fine_under(const Block& b, std::uintptr_t hi) const;
-  bool needs_finer(const Block& b, std::size_t size, bool small) const;
+  std::optional<std::uint32_t> fine_under(const Block& b, std::uintptr_t hi, bool any_handle) const;
+  bool needs_finer(const StreamPool& pool, const Block& b, std::size_t size, bool small) const;
   Finer make_finer(StreamPool& pool, Block& b, std::uintptr_t hi);
   Block* new_segment(StreamPool& pool, std::size_t size, bool small);
   std::size_t range_size(std::size_t size, bool small) const noexcept;
@@ -240,6 +243,7 @@ class MappedHandles final : public Backing {
   void cut(const Segment& seg, GranuleRun part, std::size_t piece,
            std::vector<PlannedHandle>& planned) const;
   std::size_t headroom();
+  void set_crowded_from(std::size_t bytes);
   std::size_t unit_granules(bool small) const noexcept;
   std::size_t cap_granules(bool small) const noexcept;
   bool create(const std::vector<PlannedHandle>& planned, std::vector<std::uint32_t>& slots,
@@ -307,6 +311,7 @@ Growth MappedHandles::back(StreamPool& pool, std::size_t size, bool small, bool 
   if (b == nullptr || !map_for(pool, *b, size, small, reclaim)) {
     if (refusal_.empty()) return {};
     drop_unmapped_segments(&pool);
+    set_crowded_from(SIZE_MAX);  // classic segments from now on
     return {nullptr, std::exchange(refusal_, {})};
   }
   grown_ = true;
@@ -375,23 +380,31 @@ Block* MappedHandles::last_resort(StreamPool& pool, std::size_t size, bool small
 // --- giving a handle back before a block takes part of it ------------------------------------------------
 
 // Note [Fine cuts]. The page rule bounds what a handle pins under a small live block by what
-// expandable segments' page would; near the limit the engine does better. A handle made while the
-// room left is less than kFineFactor times what the engine holds is fine (kFine). When a block is
-// cut from a free block so that it ends inside a fine handle that goes on past the granule the
-// block ends in and lies under that free block only, the handle goes back first (make_finer); the
-// block's granules, and the rest of the handle after them, are mapped again on handles of their
-// own (plan(): the block's last granule alone, then the rest), so that once the rest is free it can
-// go back whatever the block does. Without this, a handle made for an earlier block and cut by a
-// later one pins the free granules after the later one's end for as long as it lives: at the
+// expandable segments' page would; near the limit the engine does better. When a block is cut
+// from a free block so that it ends inside a handle that goes on past the granule the block ends
+// in and lies under that free block only, the handle goes back first (make_finer) if
+//  * it is fine (kFine): made while the room left was less than kFineFactor times what the
+//    engine held; or
+//  * the pool is crowded: its blocks in use hold more than a third (1 / kCrowdedShare) of what
+//    the engine can have - what it holds and the room the device and the limit leave, as of its
+//    last growth (Reservation::crowded_from, StreamPool::crowded).
+// The block's granules, and the rest of the handle after them, are mapped again on handles of
+// their own (plan(): the block's last granule alone, then the rest), so that once the rest is free
+// it can go back whatever the block does. Without this, a handle made for an earlier block and cut
+// by a later one pins the free granules after the later one's end for as long as it lives: at the
 // out-of-memory error of a training step on PyTorch's own min_capacity, 972 MiB of holes between
-// live blocks stayed mapped that way (docs/design.md). Whether a handle is fine is decided when it
-// is made and kept with it, not from the room at the cut: a pass that repeats an earlier one cuts
-// where the earlier did, on the handles the earlier left, and chooses as it did - deciding at the
-// cut, a training step's second pass under pressure cut the handles its first had made with room,
-// and paid calls at every such cut. The rest is mapped again at once, rather than left unmapped,
-// so that the blocks the next pass cuts there find it mapped. With room - at least twice what
-// the engine holds - no handle is fine: a cold pass of the shared traces at 80 GiB makes the
-// calls it made without fine cuts.
+// live blocks stayed mapped that way; on random lifetimes, handles made early, with room, and cut
+// later kept min_capacity up to 4% of peak_live higher (docs/design.md). Neither test reads the
+// cache at the cut: fineness is fixed when a handle is made and kept with it, and the blocks in
+// use at a request are the same from pass to pass. So a pass that repeats an earlier one, cutting
+// where the earlier did on the handles the earlier left, chooses as the earlier did and makes no
+// call there. Deciding from the room at the cut, a training step's second pass under pressure,
+// which holds the first one's cache, cut the handles the first had made with room and paid calls
+// at every such cut. The rest is mapped
+// again at once, rather than left unmapped, so that the blocks the next pass cuts there find it
+// mapped. With room - no handle made near the limit, and less than a third of the device in use -
+// nothing is given back: a cold pass of the shared traces at 80 GiB makes the calls it made
+// without fine cuts.
 
 // The handles under the part [b.addr, hi) of the free block `b` that a request would take which
 // must go back first (the page rule): those reaching over several pages (kSpan) that the part
@@ -414,14 +427,15 @@ std::vector<std::uint32_t> MappedHandles::finer_under(const Block& b, std::uintp
   return found;
 }
 
-// The fine handle (kFine) that a block cut from the free block `b` to end at `hi` would end inside,
-// when it goes on past the granule `hi` ends in and lies under `b` only, so that it can go back
-// (Note [Fine cuts]).
-std::optional<std::uint32_t> MappedHandles::fine_under(const Block& b, std::uintptr_t hi) const {
+// The fine handle (kFine; any handle with `any_handle`, the pool crowded) that a block cut from the
+// free block `b` to end at `hi` would end inside, when it goes on past the granule `hi` ends in and
+// lies under `b` only, so that it can go back (Note [Fine cuts]).
+std::optional<std::uint32_t> MappedHandles::fine_under(const Block& b, std::uintptr_t hi,
+                                                       bool any_handle) const {
   const Segment& seg = *b.segment;
   const std::size_t i = touched(seg, b.addr, hi).end - 1;
   const std::uint64_t page = seg.pages[i];
-  if (page == kNoPage || (page & kFine) == 0) return std::nullopt;
+  if (page == kNoPage || ((page & kFine) == 0 && !any_handle)) return std::nullopt;
   const HandleSlot& h = handles_[slot_of(page)];
   const GranuleRun under = inside(seg, b.addr, b.addr + b.size);
   if (h.first + h.granules <= i + 1 || h.first < under.first || h.first + h.granules > under.end) {
@@ -433,11 +447,13 @@ std::optional<std::uint32_t> MappedHandles::fine_under(const Block& b, std::uint
 // Whether serving `size` from the mapped free block `b` needs a handle under it given back first
 // (finer_under, fine_under): the hot path's test (Segment::cut_needs_backing), on the granule the
 // part ends in.
-bool MappedHandles::needs_finer(const Block& b, std::size_t size, bool small) const {
+bool MappedHandles::needs_finer(const StreamPool& pool, const Block& b, std::size_t size,
+                                bool small) const {
   const Segment& seg = *b.segment;
   const std::uintptr_t hi = b.addr + used_part(b, size, small);
-  return hi != b.addr + b.size && (seg.spans | seg.fines) != 0 &&
-         seg.cut_needs_backing(b.addr, hi, b.addr + b.size);
+  const bool crowded_pool = pool.crowded();
+  return hi != b.addr + b.size && ((seg.spans | seg.fines) != 0 || crowded_pool) &&
+         seg.cut_needs_backing(b.addr, hi, b.addr + b.size, crowded_pool);
 }
 
 // Before the part [b.addr, hi) of the free block `b` is handed out: unmaps and releases the
@@ -453,7 +469,7 @@ Finer MappedHandles::make_finer(StreamPool& pool, Block& b, std::uintptr_t hi) {
   std::vector<std::uint32_t> gone = finer_under(b, hi);
   Finer finer;
   if (!gone.empty()) ++ctx_.counters.handle_splits;
-  if (const std::optional<std::uint32_t> fine = fine_under(b, hi)) {
+  if (const std::optional<std::uint32_t> fine = fine_under(b, hi, pool.crowded())) {
     finer.refill = handles_[*fine].first + handles_[*fine].granules;
     // The handle the part ends inside lies after every other one under the part.
     if (gone.empty() || gone.back() != *fine) gone.push_back(*fine);
@@ -699,7 +715,18 @@ std::size_t MappedHandles::headroom() {
   }
   MemoryInfo info;
   if (ctx_.device.memory_info(&info) == Status::ok) room = std::min(room, info.free);
+  const std::size_t can_have =
+      room == SIZE_MAX ? SIZE_MAX : room + std::min(ctx_.reservation.bytes(), SIZE_MAX - room);
+  set_crowded_from(can_have / kCrowdedShare);
   return room;
+}
+
+// Sets the pools' crowding threshold (Reservation::crowded_from) where it changed. Global lock
+// held.
+void MappedHandles::set_crowded_from(std::size_t bytes) {
+  if (bytes == ctx_.reservation.crowded_from.load(std::memory_order_relaxed)) return;
+  ctx_.reservation.crowded_from.store(bytes, std::memory_order_relaxed);
+  for (const auto& pool : ctx_.pools.all()) pool->set_crowded_from(bytes);
 }
 
 // Creates the planned handles (slots in `slots`, in order, not yet mapped). When the device or
