@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 the cistern developers. SPDX-License-Identifier: Apache-2.0
+"""What best-fit placement alone costs on 2 MiB granules: a model, not the engine.
+
+Replays a lifetime list (`cistern convert --to lifetimes TRACE OUT.csv`) through a plain best fit -
+requests rounded to 512 B; those of at most 1 MiB in one address range, larger ones in another;
+each request takes the smallest free block that holds it (the lowest address among equals) from
+its start; freed blocks coalesce with free neighbours - and counts as mapped only the 2 MiB
+granules that live blocks touch, as if every free granule went back to the device at once and
+no handle were larger than a granule. It prints the most granules mapped at any time (after each
+allocation) / peak_live: what a device of that size needs under this placement, whatever an
+engine keeps. docs/design.md ("Crowded cuts") compares it with cistern's min_capacity; where
+cistern needs about as much, what is left is placement, not what the engine keeps mapped.
+
+Usage: scripts/granule_model.py LIFETIMES.csv...
+Prints one line per file: its name, peak_live in bytes and the ratio.
+"""
+import csv
+import sys
+
+GRANULE = 2 << 20
+SMALL = 1 << 20
+ROUND = 512
+
+
+class Range:
+    """Free blocks of one address range, by start address; best fit by scanning (small lists)."""
+
+    def __init__(self, base, size):
+        self.free = {base: size}
+
+    def take(self, size):
+        best = None
+        for addr, n in self.free.items():
+            if n >= size and (best is None or (n, addr) < (best[1], best[0])):
+                best = (addr, n)
+        if best is None:
+            raise RuntimeError("address range exhausted")
+        addr, n = best
+        del self.free[addr]
+        if n > size:
+            self.free[addr + size] = n - size
+        return addr
+
+    def give(self, addr, size):
+        after = self.free.pop(addr + size, None)
+        if after is not None:
+            size += after
+        for start, n in self.free.items():
+            if start + n == addr:
+                del self.free[start]
+                addr, size = start, size + n
+                break
+        self.free[addr] = size
+
+
+def events(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [(int(r["lower"]), int(r["upper"]), int(r["size"])) for r in csv.DictReader(f)]
+    out = []
+    for i, (lower, upper, size) in enumerate(rows):
+        out.append((lower, 1, i, size))  # frees at a time come before allocations at it
+        out.append((upper, 0, i, size))
+    out.sort()
+    return out
+
+
+def model(path):
+    small, large = Range(0, 1 << 40), Range(1 << 41, 1 << 44)
+    touched, placed = {}, {}
+    live = peak_live = mapped = most = 0
+
+    def touch(addr, size, delta):
+        nonlocal mapped
+        for g in range(addr // GRANULE, (addr + size - 1) // GRANULE + 1):
+            count = touched.get(g, 0) + delta
+            if count == 0:
+                del touched[g]
+                mapped -= 1
+            else:
+                if count == 1 and delta > 0:
+                    mapped += 1
+                touched[g] = count
+
+    for _, kind, i, size in events(path):
+        if kind == 0:
+            addr, rounded, where = placed.pop(i)
+            where.give(addr, rounded)
+            touch(addr, rounded, -1)
+            live -= size
+            continue
+        rounded = max(ROUND, (size + ROUND - 1) // ROUND * ROUND)
+        where = small if rounded <= SMALL else large
+        addr = where.take(rounded)
+        placed[i] = (addr, rounded, where)
+        touch(addr, rounded, 1)
+        live += size
+        peak_live = max(peak_live, live)
+        most = max(most, mapped)
+    return peak_live, most * GRANULE
+
+
+def main():
+    if len(sys.argv) < 2:
+        print("usage: scripts/granule_model.py LIFETIMES.csv...", file=sys.stderr)
+        return 2
+    for path in sys.argv[1:]:
+        peak_live, need = model(path)
+        ratio = need / peak_live if peak_live else 0.0
+        print(f"{path} {peak_live} {ratio:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
