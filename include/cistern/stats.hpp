@@ -88,9 +88,10 @@ struct Stats {
   /// best fit still needed more memory than the device had, but another free range of the pool
   /// (or its end) needed few enough granules.
   std::int64_t num_oom_rescues = 0;
-  /// Handles made near the limit given back before a block cut from the free block over them
-  /// ended inside them, so that the rest of the free block could go back whatever that block
-  /// does (fine cuts).
+  /// Handles given back before a block cut from the free block over them ended inside them, so
+  /// that the rest of the free block could go back whatever that block does (fine cuts): handles
+  /// made near the limit, and any handle while the stream's blocks in use held more than a third
+  /// of what the engine can have.
   std::int64_t num_fine_cuts = 0;
   /// 1 when the engine was wanted but the device has no virtual memory or refused it at its
   /// first growth, so that classic segments serve instead (`virtual_memory_note()` says why).
