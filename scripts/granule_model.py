@@ -12,9 +12,12 @@ allocation) / peak_live: what a device of that size needs under this placement, 
 engine keeps. docs/design.md ("Crowded cuts") compares it with cistern's min_capacity; where
 cistern needs about as much, what is left is placement, not what the engine keeps mapped.
 
-Usage: scripts/granule_model.py LIFETIMES.csv...
+With --first-fit, a request takes the free block of the lowest address that holds it instead.
+
+Usage: scripts/granule_model.py [--first-fit] LIFETIMES.csv...
 Prints one line per file: its name, peak_live in bytes and the ratio.
 """
+import argparse
 import csv
 import sys
 
@@ -24,19 +27,23 @@ ROUND = 512
 
 
 class Range:
-    """Free blocks of one address range, by start address; best fit by scanning (small lists)."""
+    """Free blocks of one address range, by start address; best fit (or first fit) by scanning."""
 
-    def __init__(self, base, size):
+    def __init__(self, base, size, first_fit):
         self.free = {base: size}
+        self.first_fit = first_fit
 
     def take(self, size):
         best = None
         for addr, n in self.free.items():
-            if n >= size and (best is None or (n, addr) < (best[1], best[0])):
-                best = (addr, n)
+            if n < size:
+                continue
+            key = (addr,) if self.first_fit else (n, addr)
+            if best is None or key < best[2]:
+                best = (addr, n, key)
         if best is None:
             raise RuntimeError("address range exhausted")
-        addr, n = best
+        addr, n, _ = best
         del self.free[addr]
         if n > size:
             self.free[addr + size] = n - size
@@ -65,8 +72,8 @@ def events(path):
     return out
 
 
-def model(path):
-    small, large = Range(0, 1 << 40), Range(1 << 41, 1 << 44)
+def model(path, first_fit=False):
+    small, large = Range(0, 1 << 40, first_fit), Range(1 << 41, 1 << 44, first_fit)
     touched, placed = {}, {}
     live = peak_live = mapped = most = 0
 
@@ -101,11 +108,12 @@ def model(path):
 
 
 def main():
-    if len(sys.argv) < 2:
-        print("usage: scripts/granule_model.py LIFETIMES.csv...", file=sys.stderr)
-        return 2
-    for path in sys.argv[1:]:
-        peak_live, need = model(path)
+    p = argparse.ArgumentParser(description="What placement alone needs on 2 MiB granules.")
+    p.add_argument("--first-fit", action="store_true", help="the lowest free block that holds it")
+    p.add_argument("lifetimes", nargs="+", help="lifetime lists (cistern convert --to lifetimes)")
+    a = p.parse_args()
+    for path in a.lifetimes:
+        peak_live, need = model(path, a.first_fit)
         ratio = need / peak_live if peak_live else 0.0
         print(f"{path} {peak_live} {ratio:.4f}")
     return 0

@@ -13,13 +13,13 @@ import tempfile
 MiB = 1 << 20
 
 
-def run(script, rows, tmp, name):
+def run(script, rows, tmp, name, *flags):
     path = os.path.join(tmp, name)
     with open(path, "w", encoding="utf-8") as f:
         f.write("id,lower,upper,size\n")
         for i, (lower, upper, size) in enumerate(rows):
             f.write(f"{i},{lower},{upper},{size}\n")
-    out = subprocess.run([sys.executable, script, path], check=True, capture_output=True,
+    out = subprocess.run([sys.executable, script, *flags, path], check=True, capture_output=True,
                          text=True).stdout.split()
     return int(out[1]), float(out[2])
 
@@ -59,6 +59,9 @@ def main():
         peak, ratio = run(script, rows, tmp, "best_fit.csv")
         expect("best fit: peak_live", peak, live)
         expect("best fit: ratio", ratio, round(8 * 2 * MiB / live, 4))
+        # First fit puts R in P's place, a new granule 1: nine granules.
+        peak, ratio = run(script, rows, tmp, "first_fit.csv", "--first-fit")
+        expect("first fit: ratio", ratio, round(9 * 2 * MiB / live, 4))
         no_args = subprocess.run([sys.executable, script], capture_output=True, text=True)
         expect("no arguments: exit status", no_args.returncode, 2)
 
