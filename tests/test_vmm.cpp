@@ -31,6 +31,34 @@ std::uint64_t memory_calls(const SimDevice& device) {
          device.counters().of(DeviceOp::unmap);
 }
 
+// Cuts 5 MiB from the free 20 MiB block at `b` (on `stream`) and checks the cut: where it
+// `gives_back` (a fine cut), the handle it ends inside goes back and the block's granules and the
+// handle's rest are mapped again - one unmap, three creations and three maps - with as much
+// memory held as before; else no call. The same requests twice more then make no call: they are
+// cut where the handles now end. Returns the 5 MiB block.
+void* cut_5_of_20(CachingAllocator& alloc, const SimDevice& device, void* b, bool gives_back,
+                  Stream stream = default_stream) {
+  const std::size_t reserved = alloc.reserved_bytes();
+  const std::int64_t fine_cuts = alloc.stats().num_fine_cuts + (gives_back ? 1 : 0);
+  const auto before = memory_calls(device);
+  void* c = alloc.allocate(5 * MiB, stream);
+  EXPECT_EQ(c, b);
+  EXPECT_EQ(alloc.stats().num_fine_cuts, fine_cuts);
+  EXPECT_EQ(memory_calls(device) - before, gives_back ? 7u : 0u);
+  EXPECT_EQ(alloc.reserved_bytes(), reserved);
+  alloc.check();
+  const auto settled = memory_calls(device);
+  for (int pass = 0; pass < 2; ++pass) {
+    alloc.deallocate(c, stream);
+    EXPECT_EQ(alloc.allocate(20 * MiB, stream), b);
+    alloc.deallocate(b, stream);
+    EXPECT_EQ(alloc.allocate(5 * MiB, stream), c);
+  }
+  EXPECT_EQ(memory_calls(device), settled);
+  EXPECT_EQ(alloc.stats().num_fine_cuts, fine_cuts);
+  return c;
+}
+
 class Engine : public AllocatorTest {
  protected:
   // Page-sized handles by default, so that every byte figure below is exact.
@@ -892,27 +920,9 @@ TEST(EngineHandles, NearTheLimitACutInsideAFineHandleGivesItBackFirst) {
     void* b = alloc.allocate(20 * MiB, default_stream);
     ASSERT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 2 * GiB);
     alloc.deallocate(b, default_stream);
-    const std::size_t reserved = alloc.reserved_bytes();
-    // 5 MiB cut from the free 20 MiB ends in granule 1026.
-    const auto before = memory_calls(device);
-    void* c = alloc.allocate(5 * MiB, default_stream);
-    EXPECT_EQ(c, b);
-    EXPECT_EQ(alloc.stats().num_fine_cuts, near ? 1 : 0);
-    // Near: [1024, 1030) given back (one unmap), then [1024, 1026), [1026, 1027) and [1027, 1030)
-    // created and mapped (three of each): as much memory as before.
-    EXPECT_EQ(memory_calls(device) - before, near ? 7u : 0u);
-    EXPECT_EQ(alloc.reserved_bytes(), reserved);
-    alloc.check();
-    // The same requests again make no call: they are cut where the handles now end.
-    const auto settled = memory_calls(device);
-    for (int pass = 0; pass < 2; ++pass) {
-      alloc.deallocate(c, default_stream);
-      EXPECT_EQ(alloc.allocate(20 * MiB, default_stream), b);
-      alloc.deallocate(b, default_stream);
-      EXPECT_EQ(alloc.allocate(5 * MiB, default_stream), c);
-    }
-    EXPECT_EQ(memory_calls(device), settled);
-    EXPECT_EQ(alloc.stats().num_fine_cuts, near ? 1 : 0);
+    // 5 MiB cut from the free 20 MiB ends in granule 1026. Near: [1024, 1030) given back, then
+    // [1024, 1026), [1026, 1027) and [1027, 1030) created and mapped.
+    void* c = cut_5_of_20(alloc, device, b, /*gives_back=*/near);
     // With c live, the cache gives back all but c's 3 granules near the limit; far from it, c's
     // page handle stays whole, shared with a (the page rule: what expandable segments' page holds).
     alloc.empty_cache();
@@ -939,27 +949,10 @@ TEST(EngineHandles, AHandleMadeWithRoomIsGivenBackAtACutOnlyWhileThePoolIsCrowde
     void* a = alloc.allocate(2 * GiB, default_stream);
     alloc.deallocate(b, default_stream);
     if (!crowded) alloc.deallocate(a, default_stream);  // held, not in use
-    const std::size_t reserved = alloc.reserved_bytes();
     // Near the limit either way (2 GiB left, less than twice the 2 GiB held). 5 MiB, the best
-    // fit's start, ends in granule 2 of [0, 10).
-    const auto before = memory_calls(device);
-    void* c = alloc.allocate(5 * MiB, default_stream);
-    EXPECT_EQ(c, b);
-    EXPECT_EQ(alloc.stats().num_fine_cuts, crowded ? 1 : 0);
-    // Crowded: [0, 10) given back (one unmap), then [0, 2), [2, 3) and [3, 10) created and mapped
-    // (three of each), as much memory as before. Not crowded: served where it is, no call.
-    EXPECT_EQ(memory_calls(device) - before, crowded ? 7u : 0u);
-    EXPECT_EQ(alloc.reserved_bytes(), reserved);
-    alloc.check();
-    // The same requests again make no call.
-    const auto settled = memory_calls(device);
-    for (int pass = 0; pass < 2; ++pass) {
-      alloc.deallocate(c, default_stream);
-      EXPECT_EQ(alloc.allocate(20 * MiB, default_stream), b);
-      alloc.deallocate(b, default_stream);
-      EXPECT_EQ(alloc.allocate(5 * MiB, default_stream), c);
-    }
-    EXPECT_EQ(memory_calls(device), settled);
+    // fit's start, ends in granule 2 of [0, 10). Crowded: [0, 10) given back, then [0, 2), [2, 3)
+    // and [3, 10) created and mapped. Not crowded: served where it is.
+    void* c = cut_5_of_20(alloc, device, b, /*gives_back=*/crowded);
     // With c live, the cache keeps c's 3 granules where the cut was fine, its whole page (the page
     // rule's bound, what expandable segments' page holds) where it was not.
     alloc.empty_cache();
@@ -982,12 +975,8 @@ TEST(EngineHandles, APoolMadeAfterTheFirstGrowthKnowsWhenItIsCrowded) {
   void* b = alloc.allocate(20 * MiB, side);  // far from the limit: its page as one handle
   void* a = alloc.allocate(2 * GiB, side);
   alloc.deallocate(b, side);
-  const auto before = memory_calls(device);
-  void* c = alloc.allocate(5 * MiB, side);  // 2 GiB of 4 GiB in use on this stream: crowded
-  EXPECT_EQ(c, b);
-  EXPECT_EQ(alloc.stats().num_fine_cuts, 1);
-  EXPECT_EQ(memory_calls(device) - before, 7u);
-  alloc.check();
+  // 2 GiB of 4 GiB in use on this stream: crowded.
+  void* c = cut_5_of_20(alloc, device, b, /*gives_back=*/true, side);
   for (void* p : {c, a}) alloc.deallocate(p, side);
   alloc.deallocate(first, default_stream);
   alloc.empty_cache();
