@@ -49,7 +49,7 @@ struct Counters {
   std::int64_t reclaim_syncs = 0;  // waits for a stream's work before unmapping
   std::int64_t handle_splits = 0;  // handles given back before a request took part of them
   std::int64_t oom_rescues = 0;    // requests the last resort served (Backing::last_resort)
-  std::int64_t fine_cuts = 0;      // handles made near the limit given back before a cut
+  std::int64_t fine_cuts = 0;  // handles given back before a cut ending inside (Note [Fine cuts])
 
   /// Writes the counters into their Stats fields.
   void export_to(Stats& s) const noexcept {

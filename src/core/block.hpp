@@ -155,6 +155,14 @@ struct Segment {
     return first <= i && (first == 0 || pages[first - 1] != page) &&
            (last >= pages.size() || pages[last] != page);
   }
+  /// cut_needs_backing behind the gate the cache-hit path writes out inline: only a split
+  /// (`hi` before `end`) in a segment with kSpan or kFine handles, or of a crowded pool, can need
+  /// a handle given back.
+  bool split_needs_backing(std::uintptr_t lo, std::uintptr_t hi, std::uintptr_t end,
+                           bool crowded) const noexcept {
+    return hi != end && ((spans | fines) != 0 || crowded) &&
+           cut_needs_backing(lo, hi, end, crowded);
+  }
   /// The first mapped granule in [i, end), or `end`: a word of the bit vector at a time, so that
   /// a walk over the handles of a range as large as the device skips its unmapped stretches.
   std::size_t next_mapped(std::size_t i, std::size_t end) const noexcept {

@@ -24,10 +24,7 @@ __attribute__((noinline)) bool part_mapped(const Block& b, std::size_t used,
                                            bool crowded) noexcept {
   const detail::Segment& s = *b.segment;
   if (!s.expandable) return true;
-  if (used != b.size && ((s.spans | s.fines) != 0 || crowded) &&
-      s.cut_needs_backing(b.addr, b.addr + used, b.addr + b.size, crowded)) {
-    return false;
-  }
+  if (s.split_needs_backing(b.addr, b.addr + used, b.addr + b.size, crowded)) return false;
   return s.pages_mapped(b.addr, b.addr + used);
 }
 
@@ -37,7 +34,7 @@ __attribute__((noinline)) bool part_mapped(const Block& b, std::size_t used,
 __attribute__((noinline)) bool cut_gives_back(const Block& b, std::size_t used,
                                               bool crowded) noexcept {
   const detail::Segment& s = *b.segment;
-  return s.expandable && s.cut_needs_backing(b.addr, b.addr + used, b.addr + b.size, crowded);
+  return s.expandable && s.split_needs_backing(b.addr, b.addr + used, b.addr + b.size, crowded);
 }
 
 // Whether the cached block `b` can serve `size` on the hot path: always in a classic segment; in

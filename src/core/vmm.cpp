@@ -400,11 +400,10 @@ Block* MappedHandles::last_resort(StreamPool& pool, std::size_t size, bool small
 // where the earlier did on the handles the earlier left, chooses as the earlier did and makes no
 // call there. Deciding from the room at the cut, a training step's second pass under pressure,
 // which holds the first one's cache, cut the handles the first had made with room and paid calls
-// at every such cut. The rest is mapped
-// again at once, rather than left unmapped, so that the blocks the next pass cuts there find it
-// mapped. With room - no handle made near the limit, and less than a third of the device in use -
-// nothing is given back: a cold pass of the shared traces at 80 GiB makes the calls it made
-// without fine cuts.
+// at every such cut. The rest is mapped again at once, rather than left unmapped, so that the
+// blocks the next pass cuts there find it mapped. With room - no handle made near the limit, and
+// less than a third of the device in use - nothing is given back: a cold pass of the shared traces
+// at 80 GiB makes the calls it made without fine cuts.
 
 // The handles under the part [b.addr, hi) of the free block `b` that a request would take which
 // must go back first (the page rule): those reaching over several pages (kSpan) that the part
@@ -451,9 +450,7 @@ bool MappedHandles::needs_finer(const StreamPool& pool, const Block& b, std::siz
                                 bool small) const {
   const Segment& seg = *b.segment;
   const std::uintptr_t hi = b.addr + used_part(b, size, small);
-  const bool crowded_pool = pool.crowded();
-  return hi != b.addr + b.size && ((seg.spans | seg.fines) != 0 || crowded_pool) &&
-         seg.cut_needs_backing(b.addr, hi, b.addr + b.size, crowded_pool);
+  return seg.split_needs_backing(b.addr, hi, b.addr + b.size, pool.crowded());
 }
 
 // Before the part [b.addr, hi) of the free block `b` is handed out: unmaps and releases the
