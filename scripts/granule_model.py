@@ -13,8 +13,10 @@ engine keeps. docs/design.md ("Crowded cuts") compares it with cistern's min_cap
 cistern needs about as much, what is left is placement, not what the engine keeps mapped.
 
 With --first-fit, a request takes the free block of the lowest address that holds it instead.
+With --end, a request goes at the end of its free block instead of its start where that touches
+fewer granules that no live block touches (docs/design.md: measured, not the engine's rule).
 
-Usage: scripts/granule_model.py [--first-fit] LIFETIMES.csv...
+Usage: scripts/granule_model.py [--first-fit] [--end] LIFETIMES.csv...
 Prints one line per file: its name, peak_live in bytes and the ratio.
 """
 import argparse
@@ -33,7 +35,9 @@ class Range:
         self.free = {base: size}
         self.first_fit = first_fit
 
-    def take(self, size):
+    def take(self, size, fresh=None):
+        """The address for `size`; `fresh(lo, hi)`, when given, counts the granules [lo, hi) would
+        add, and the block's end is taken where it adds fewer than its start."""
         best = None
         for addr, n in self.free.items():
             if n < size:
@@ -45,6 +49,10 @@ class Range:
             raise RuntimeError("address range exhausted")
         addr, n, _ = best
         del self.free[addr]
+        top = addr + n - size
+        if n > size and fresh is not None and fresh(top, top + size) < fresh(addr, addr + size):
+            self.free[addr] = n - size
+            return top
         if n > size:
             self.free[addr + size] = n - size
         return addr
@@ -72,7 +80,7 @@ def events(path):
     return out
 
 
-def model(path, first_fit=False):
+def model(path, first_fit=False, end=False):
     small, large = Range(0, 1 << 40, first_fit), Range(1 << 41, 1 << 44, first_fit)
     touched, placed = {}, {}
     live = peak_live = mapped = most = 0
@@ -89,6 +97,9 @@ def model(path, first_fit=False):
                     mapped += 1
                 touched[g] = count
 
+    def fresh(lo, hi):
+        return sum(1 for g in range(lo // GRANULE, (hi - 1) // GRANULE + 1) if g not in touched)
+
     for _, kind, i, size in events(path):
         if kind == 0:
             addr, rounded, where = placed.pop(i)
@@ -98,7 +109,7 @@ def model(path, first_fit=False):
             continue
         rounded = max(ROUND, (size + ROUND - 1) // ROUND * ROUND)
         where = small if rounded <= SMALL else large
-        addr = where.take(rounded)
+        addr = where.take(rounded, fresh if end else None)
         placed[i] = (addr, rounded, where)
         touch(addr, rounded, 1)
         live += size
@@ -110,10 +121,12 @@ def model(path, first_fit=False):
 def main():
     p = argparse.ArgumentParser(description="What placement alone needs on 2 MiB granules.")
     p.add_argument("--first-fit", action="store_true", help="the lowest free block that holds it")
+    p.add_argument("--end", action="store_true",
+                   help="at the block's end where that touches fewer new granules")
     p.add_argument("lifetimes", nargs="+", help="lifetime lists (cistern convert --to lifetimes)")
     a = p.parse_args()
     for path in a.lifetimes:
-        peak_live, need = model(path, a.first_fit)
+        peak_live, need = model(path, a.first_fit, a.end)
         ratio = need / peak_live if peak_live else 0.0
         print(f"{path} {peak_live} {ratio:.4f}")
     return 0

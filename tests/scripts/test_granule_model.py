@@ -62,6 +62,18 @@ def main():
         # First fit puts R in P's place, a new granule 1: nine granules.
         peak, ratio = run(script, rows, tmp, "first_fit.csv", "--first-fit")
         expect("first fit: ratio", ratio, round(9 * 2 * MiB / live, 4))
+        # --end: A (3 MiB) at 0, F (4.5 MiB) and B (2.5 MiB, granules 3-4) after it; F is freed
+        # and R (1.25 MiB) comes: at F's start it would add granule 2, at its end it lies inside
+        # granule 3, which B touches. W (4 MiB) fits neither rest and goes after B, granules 5-6:
+        # seven granules at t=3 with R at the start, six with --end.
+        rows = [(0, 10, 3 * MiB), (0, 1, 9 * half), (0, 10, 5 * half), (2, 10, 5 * half // 2),
+                (3, 10, 4 * MiB)]
+        live = 3 * MiB + 5 * half + 5 * half // 2 + 4 * MiB
+        peak, ratio = run(script, rows, tmp, "start.csv")
+        expect("start: peak_live", peak, live)
+        expect("start: ratio", ratio, round(7 * 2 * MiB / live, 4))
+        peak, ratio = run(script, rows, tmp, "end.csv", "--end")
+        expect("end: ratio", ratio, round(6 * 2 * MiB / live, 4))
         no_args = subprocess.run([sys.executable, script], capture_output=True, text=True)
         expect("no arguments: exit status", no_args.returncode, 2)
 
