@@ -164,19 +164,24 @@ struct Workload {
   std::size_t capacity;
   std::size_t largest;
   const char* conf;
+  // After every allocation that reclaimed handles (num_pages_reclaimed went up), empty_cache()
+  // and the oracle: what stays is what no reclaim could have returned at that moment.
+  bool at_reclaims = false;
 };
 
 void PrintTo(const Workload& w, std::ostream* out) {
-  *out << fmt::format("seed {}, {} MiB device, sizes up to {} MiB, \"{}\"", w.seed,
-                      w.capacity / MiB, w.largest / MiB, w.conf);
+  *out << fmt::format("seed {}, {} MiB device, sizes up to {} MiB, \"{}\"{}", w.seed,
+                      w.capacity / MiB, w.largest / MiB, w.conf,
+                      w.at_reclaims ? ", checked at every reclaim" : "");
 }
 
 class Guarantee : public ::testing::TestWithParam<Workload> {};
 
 // Random work over three streams near and at the limit: after every step the page rule holds
-// (check()); at every out-of-memory error and at every empty_cache(), what is left is at most
-// expandable segments' pages around the same blocks; and an out-of-memory error comes only when
-// no free stretch of the pool, at its start or its end, could have been backed (the last resort).
+// (check()); at every out-of-memory error and at every empty_cache() - with at_reclaims, also right
+// after every reclaim - what is left is at most expandable segments' pages around the same blocks;
+// and an out-of-memory error comes only when no free stretch of the pool, at its start or its end,
+// could have been backed (the last resort).
 TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
   const Workload w = GetParam();
   SimDevice device(sim_options(w.capacity));
@@ -186,6 +191,7 @@ TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
   std::mt19937_64 rng(w.seed);
   std::vector<std::pair<void*, Stream>> live;
   std::size_t ooms = 0;
+  std::size_t reclaims = 0;
   std::size_t spans_seen = 0;
   for (int step = 0; step < 1500; ++step) {
     if (!live.empty() && rng() % 100 < 45) {
@@ -198,8 +204,14 @@ TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
     } else {
       const Stream s = streams[rng() % 3];
       const std::size_t bytes = random_size(rng, w.largest);
+      const std::int64_t reclaimed = alloc.stats().num_pages_reclaimed;
       try {
         live.emplace_back(alloc.allocate(bytes, s), s);
+        if (w.at_reclaims && alloc.stats().num_pages_reclaimed > reclaimed) {
+          ++reclaims;
+          alloc.empty_cache();
+          expect_within_expandable(alloc, "right after a reclaim");
+        }
       } catch (const OutOfMemory&) {
         ++ooms;
         expect_within_expandable(alloc, "after an out-of-memory error");
@@ -215,6 +227,9 @@ TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
     if (::testing::Test::HasFailure()) break;
   }
   EXPECT_GT(ooms, 0u) << "the workload never reached the limit";
+  if (w.at_reclaims) {
+    EXPECT_GT(reclaims, 0u) << "no allocation reclaimed handles";
+  }
   // Handles reach over several pages only where max_handle_size allows more than a page; then one
   // of them must have gone back before a smaller block took part of it (make_finer).
   if (std::string_view(w.conf).find("max_handle_size_mb") != std::string_view::npos) {
@@ -238,14 +253,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Workload{6, 8 * GiB, 3 * GiB, "large_handle_size_mb:20"},
                       Workload{7, 8 * GiB, 3 * GiB, "max_handle_size_mb:100"},
                       Workload{8, 256 * MiB, 32 * MiB, ""},
-                      Workload{9, 2 * GiB, 512 * MiB, "large_handle_size_mb:20"}),
+                      Workload{9, 2 * GiB, 512 * MiB, "large_handle_size_mb:20"},
+                      Workload{10, 8 * GiB, 3 * GiB, "", true},
+                      Workload{11, 512 * MiB, 64 * MiB, "", true}),
     [](const ::testing::TestParamInfo<Workload>& workload) {
       return fmt::format("seed{}", workload.param.seed);
     });
 
-// The same families over 70 more seeds (100-169), the seven shapes above in turn: about 20 s
-// in a release build, so only with CISTERN_TEST_FULL=1 (`ctest -L long`, test guarantee_full);
-// without it this instantiation is empty.
+// The same families over 70 more seeds (100-169), the seven shapes above in turn, the odd seeds
+// checked at every reclaim: about 20 s in a release build, so only with CISTERN_TEST_FULL=1 (`ctest
+// -L long`, test guarantee_full); without it this instantiation is empty.
 std::vector<Workload> more_seeds() {
   if (std::getenv("CISTERN_TEST_FULL") == nullptr) return {};
   const Workload shapes[] = {{0, 8 * GiB, 3 * GiB, ""},
@@ -259,6 +276,7 @@ std::vector<Workload> more_seeds() {
   for (std::uint64_t seed = 100; seed < 170; ++seed) {
     Workload w = shapes[seed % std::size(shapes)];
     w.seed = seed;
+    w.at_reclaims = seed % 2 == 1;
     out.push_back(w);
   }
   return out;
