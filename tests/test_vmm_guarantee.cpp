@@ -21,6 +21,7 @@
 #include <iterator>
 #include <optional>
 #include <random>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -245,6 +246,10 @@ TEST_P(Guarantee, WhatCannotGoBackIsAtMostWhatExpandableSegmentsPagesHold) {
   EXPECT_EQ(device.used_bytes(), 0u);
 }
 
+std::string seed_name(const ::testing::TestParamInfo<Workload>& workload) {
+  return fmt::format("seed{}", workload.param.seed);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Seeds, Guarantee,
     ::testing::Values(Workload{1, 8 * GiB, 3 * GiB, ""}, Workload{2, 8 * GiB, 3 * GiB, ""},
@@ -256,13 +261,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Workload{9, 2 * GiB, 512 * MiB, "large_handle_size_mb:20"},
                       Workload{10, 8 * GiB, 3 * GiB, "", true},
                       Workload{11, 512 * MiB, 64 * MiB, "", true}),
-    [](const ::testing::TestParamInfo<Workload>& workload) {
-      return fmt::format("seed{}", workload.param.seed);
-    });
+    seed_name);
 
 // The same families over 70 more seeds (100-169), the seven shapes above in turn, the odd seeds
-// checked at every reclaim: about 20 s in a release build, so only with CISTERN_TEST_FULL=1 (`ctest
-// -L long`, test guarantee_full); without it this instantiation is empty.
+// checked at every reclaim: about 20 s in a release build, so only with CISTERN_TEST_FULL=1
+// (`ctest -L long`, test guarantee_full); without it this instantiation is empty.
 std::vector<Workload> more_seeds() {
   if (std::getenv("CISTERN_TEST_FULL") == nullptr) return {};
   const Workload shapes[] = {{0, 8 * GiB, 3 * GiB, ""},
@@ -281,10 +284,7 @@ std::vector<Workload> more_seeds() {
   }
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(MoreSeeds, Guarantee, ::testing::ValuesIn(more_seeds()),
-                         [](const ::testing::TestParamInfo<Workload>& workload) {
-                           return fmt::format("seed{}", workload.param.seed);
-                         });
+INSTANTIATE_TEST_SUITE_P(MoreSeeds, Guarantee, ::testing::ValuesIn(more_seeds()), seed_name);
 
 // --- the steady state under pressure ----------------------------------------------------------------
 
