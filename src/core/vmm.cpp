@@ -243,6 +243,7 @@ class MappedHandles final : public Backing {
   void cut(const Segment& seg, GranuleRun part, std::size_t piece,
            std::vector<PlannedHandle>& planned) const;
   std::size_t headroom();
+  void set_crowded_from_room(std::size_t room);
   void set_crowded_from(std::size_t bytes);
   std::size_t unit_granules(bool small) const noexcept;
   std::size_t cap_granules(bool small) const noexcept;
@@ -606,6 +607,7 @@ std::vector<PlannedHandle> MappedHandles::plan(const Segment& seg, GranuleRun re
   if (runs.empty()) return planned;
   const std::size_t unit = unit_granules(small);
   const std::size_t room = headroom();
+  set_crowded_from_room(room);
   const std::size_t after = room > need * g_ ? room - need * g_ : 0;
   const std::size_t largest =
       std::min(cap_granules(small), std::max<std::size_t>(1, after / (kHandleDivisor * g_)));
@@ -712,10 +714,15 @@ std::size_t MappedHandles::headroom() {
   }
   MemoryInfo info;
   if (ctx_.device.memory_info(&info) == Status::ok) room = std::min(room, info.free);
+  return room;
+}
+
+// At a growth, from the `room` it found (headroom()): a pool is crowded once its blocks in use
+// hold more than 1 / kCrowdedShare of what the engine can have - what it holds and that room.
+void MappedHandles::set_crowded_from_room(std::size_t room) {
   const std::size_t can_have =
       room == SIZE_MAX ? SIZE_MAX : room + std::min(ctx_.reservation.bytes(), SIZE_MAX - room);
   set_crowded_from(can_have / kCrowdedShare);
-  return room;
 }
 
 // Sets the pools' crowding threshold (Reservation::crowded_from) where it changed. Global lock
