@@ -69,6 +69,11 @@ class Range:
         self.free[addr] = size
 
 
+def granules(lo, hi):
+    """The granules that bytes [lo, hi) touch."""
+    return range(lo // GRANULE, (hi - 1) // GRANULE + 1)
+
+
 def events(path):
     with open(path, newline="", encoding="utf-8") as f:
         rows = [(int(r["lower"]), int(r["upper"]), int(r["size"])) for r in csv.DictReader(f)]
@@ -87,7 +92,7 @@ def model(path, first_fit=False, end=False):
 
     def touch(addr, size, delta):
         nonlocal mapped
-        for g in range(addr // GRANULE, (addr + size - 1) // GRANULE + 1):
+        for g in granules(addr, addr + size):
             count = touched.get(g, 0) + delta
             if count == 0:
                 del touched[g]
@@ -98,7 +103,7 @@ def model(path, first_fit=False, end=False):
                 touched[g] = count
 
     def fresh(lo, hi):
-        return sum(1 for g in range(lo // GRANULE, (hi - 1) // GRANULE + 1) if g not in touched)
+        return sum(1 for g in granules(lo, hi) if g not in touched)
 
     for _, kind, i, size in events(path):
         if kind == 0:
