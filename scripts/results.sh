@@ -6,7 +6,8 @@
 # `cistern replay --policy cistern,cistern:vmm=false,torch,torch:expandable_segments=true,nocache
 # --min-capacity` (PyTorch's recorded figures come with the snapshots), the real traces again with
 # --repeat 3 and, cistern and expandable segments, on a device of expandable segments'
-# min_capacity (one pass, and --repeat 3 for the steady state under pressure), formatted by
+# min_capacity (one pass, and --repeat 3 for the steady state under pressure) and on devices of
+# 1.25, 2 and 4 x each trace's peak_live (one pass), formatted by
 # scripts/results_md.py (which also counts issue 22's targets from the JSON).
 #
 # Usage: scripts/results.sh
@@ -93,6 +94,33 @@ while read -r capacity trace; do
   fi
 done <"$out/expandable-min.txt"
 
+# The same cold pass on devices the workload fills to 80%, a half and a quarter: 1.25, 2 and 4 x
+# each real trace's peak_live (from cistern's row above), rounded up to 2 MiB.
+rm -f "$out"/at-fill-*.json "$out"/at-fill-*.err
+python3 - "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" >"$out/peak-live.txt" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    for row in json.load(open(path, encoding="utf-8"))["results"]:
+        if row["policy"] == "cistern" and row.get("peak_live"):
+            print(row["peak_live"], row["trace"])
+PY
+fills=()
+for factor in 1.25 2 4; do
+  n=0
+  while read -r live trace; do
+    n=$((n + 1))
+    capacity=$(python3 -c "import math; g = 2 << 20; print(math.ceil($factor * $live / g) * g)")
+    status=0
+    "$cistern" replay --quiet --policy "cistern,$expandable" --capacity "$capacity" \
+      --json "$out/at-fill-$factor-$n.json" "$trace" 2>"$out/at-fill-$factor-$n.err" || status=$?
+    if [[ $status -ne 0 && $status -ne 4 ]]; then
+      cat "$out/at-fill-$factor-$n.err" >&2
+      exit "$status"
+    fi
+    fills+=("$factor:$out/at-fill-$factor-$n.json")
+  done <"$out/peak-live.txt"
+done
+
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git status --porcelain -- src include CMakeLists.txt 2>/dev/null)" ]]; then
   commit="$commit (with uncommitted changes)"
@@ -104,7 +132,7 @@ python3 scripts/results_md.py --commit "$commit" --machine "$machine" \
   --version "$("$cistern" --version)" --example report-example.html \
   --example-trace "$example" \
   --repeat "$out/repeat.json" --at-expandable-min "$out"/at-expandable-min-*.json \
-  --at-expandable-min-repeat "$out"/repeat-at-expandable-min-*.json -- \
+  --at-expandable-min-repeat "$out"/repeat-at-expandable-min-*.json --by-fill "${fills[@]}" -- \
   "$out/pytorch.json" "$out/kineto.json" "$out/somas.json" "$out/minimalloc.json" \
   >docs/results.md
 # Which PYTORCH_CUDA_ALLOC_CONF needs the least memory on each snapshot (a section of its own).

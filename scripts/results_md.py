@@ -712,7 +712,88 @@ def pressure_table(real, repeat_there):
     return "\n".join(lines)
 
 
-def device_sections(real, model, repeat, at_expandable_min, repeat_there=None):
+def by_fill(specs):
+    """{factor: {trace: {policy: row}}} from `FACTOR:PATH` arguments (replays of cistern and
+    expandable segments on a device of FACTOR x each trace's peak_live)."""
+    paths = collections.OrderedDict()
+    for spec in specs:
+        factor, sep, path = spec.partition(":")
+        if not sep or not path:
+            sys.exit(f"results_md.py: --by-fill takes FACTOR:PATH, not {spec!r}")
+        try:
+            float(factor)
+        except ValueError:
+            sys.exit(f"results_md.py: --by-fill: {factor!r} in {spec!r} is not a number")
+        paths.setdefault(factor, []).append(path)
+    return {factor: load(files) for factor, files in paths.items()}
+
+
+def fill_summary(real, there):
+    """Over the real traces replayed on one device size: (median, (worst, trace), at most
+    expandable's, counted, cistern's ms, expandable's ms, [traces where either ran out of memory
+    or has no figure]) of cistern's cold-pass device time / expandable segments'."""
+    xs, left_out, c_ms, e_ms = [], [], 0.0, 0.0
+    for name in real:
+        rows = there.get(name, {})
+        c, e = usable(rows, "cistern"), usable(rows, EXPANDABLE)
+        if c is None or e is None or c.get("ooms") or e.get("ooms"):
+            left_out.append(name)
+            continue
+        c_ms += c.get("device_ms") or 0.0
+        e_ms += e.get("device_ms") or 0.0
+        x = times(c.get("device_ms"), e.get("device_ms"))
+        if x is None:
+            left_out.append(name)
+            continue
+        xs.append((x, name))
+    median = statistics.median(x for x, _ in xs) if xs else None
+    worst = max(xs) if xs else None
+    below = sum(1 for x, _ in xs if x <= 1.0)
+    return median, worst, below, len(xs), c_ms, e_ms, left_out
+
+
+def fill_range(real):
+    """How full the traces keep the device of their rows ("0.1-28%"): peak_live / capacity."""
+    shares = [live_of(rows) / row["capacity"] for rows in real.values()
+              for row in [usable(rows, "cistern")] if row and row.get("capacity") and live_of(rows)]
+    if not shares:
+        return "-"
+    return f"{min(shares) * 100:.1f}-{max(shares) * 100:.0f}%"
+
+
+def fill_table(real, fills):
+    """The cold pass's device time, cistern's and expandable segments', on devices of each
+    factor x the trace's peak_live: one column per factor, a summary row first."""
+    factors = list(fills)
+    head = ["trace"] + [f"{f} x peak_live: cistern / expandable, ms" for f in factors]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    summary = ["**median (worst); sums**"]
+    for f in factors:
+        median, worst, below, n, c_ms, e_ms, left_out = fill_summary(real, fills[f])
+        cell = f"{fmt_times(median)} ({fmt_times(worst[0]) if worst else '-'}); " \
+               f"{c_ms:.0f} / {e_ms:.0f}; at most expandable's on {below} of {n}"
+        if left_out:
+            cell += f"; {len(left_out)} left out"
+        summary.append(cell)
+    lines.append("| " + " | ".join(summary) + " |")
+    for name in real:
+        cells = [f"`{name}`"]
+        for f in factors:
+            rows = fills[f].get(name, {})
+            c, e = usable(rows, "cistern"), usable(rows, EXPANDABLE)
+            if c is None or e is None:
+                cells.append("-")
+            elif c.get("ooms") or e.get("ooms"):
+                who = [t for t, r in (("cistern", c), ("expandable", e)) if r.get("ooms")]
+                cells.append(" and ".join(who) + " out of memory")
+            else:
+                cells.append(f"{ms(c.get('device_ms'))} / {ms(e.get('device_ms'))} "
+                             f"({fmt_times(times(c.get('device_ms'), e.get('device_ms')))})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def device_sections(real, model, repeat, at_expandable_min, repeat_there=None, fills=None):
     """The device-time sections (the at-the-limit one only when the replays on a device of
     expandable segments' min_capacity were given, the steady-state one only with `--repeat`)."""
     out = ["## Device time", "",
@@ -724,6 +805,24 @@ def device_sections(real, model, repeat, at_expandable_min, repeat_there=None):
            "map one page (2 MiB small, 20 MiB large) per handle, cistern at most a page per "
            "handle, and near the limit smaller ones that follow the room left.", "",
            device_time_table(real), ""]
+    if fills:
+        share = fill_range(real)
+        share = (f"The traces fill the 80 GiB device above to {share} only, so that table shows "
+                 "the engine far from its limit almost throughout. ") if share != "-" else ""
+        factors = list(fills)
+        sizes = " and ".join([", ".join(factors[:-1]), factors[-1]] if len(factors) > 1
+                             else factors)
+        out += ["### The first pass, by how full the device gets", "",
+                "The same cold pass, cistern and expandable segments, on a device of "
+                f"{sizes} x each trace's peak_live (`--capacity`, rounded up to 2 MiB). {share}"
+                "On a device the workload fills to a quarter or more, the rules "
+                "that keep min_capacity low near the limit (a request's last granule on a handle "
+                "of its own, fine and crowded cuts: docs/design.md, \"What the first pass pays on "
+                "a device the workload fills\") apply from early in the pass, and each costs "
+                "handles - the driver's price is per handle. Later passes of a repeated window "
+                "reuse what the first mapped (docs/design.md gives their figures on these "
+                "devices).", "",
+                fill_table(real, fills), ""]
     if at_expandable_min:
         out += ["### At the limit", "",
                 "The same on a device of exactly each policy's own min_capacity (JSON "
@@ -815,6 +914,9 @@ def main():
                              "expandable segments' min_capacity (--capacity), one per trace")
     parser.add_argument("--at-expandable-min-repeat", nargs="*", default=[],
                         help="the same with --repeat 3 (the steady state under pressure)")
+    parser.add_argument("--by-fill", nargs="*", default=[], metavar="FACTOR:PATH",
+                        help="replays of cistern and expandable segments on a device of FACTOR x "
+                             "each trace's peak_live (--capacity), the factor before the path")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--machine", default="unknown")
     parser.add_argument("--version", default="unknown")
@@ -870,7 +972,7 @@ def main():
                 "peak_live (negative: cistern needs less).", "", min_capacity_table(real), ""]
         out += device_sections(
             real, cost_model_name(args.json + args.repeat + args.at_expandable_min), repeat,
-            at_expandable_min, repeat_there)
+            at_expandable_min, repeat_there, by_fill(args.by_fill))
     for family, rows in families.items():
         out += [f"## {FAMILIES.get(family, family)}", "", family_table(rows), ""]
     out.append(HOW_TO_READ)

@@ -394,6 +394,57 @@ class RepeatTarget(unittest.TestCase):
         self.assertEqual(t.misses, [("d/old", "1 call")])
 
 
+class FirstPassByFill(unittest.TestCase):
+    """The cold pass on devices of a few multiples of peak_live: the summary row (median, worst,
+    sums, how many at most expandable segments'), each trace's cells, and the traces left out."""
+
+    NAMES = ("f/cheap", "f/dear", "f/equal", "f/oom", "f/missing")
+
+    @staticmethod
+    def fill(scale):
+        rows = []
+        for name, c, e in (("f/cheap", 4.0, 8.0), ("f/dear", 9.0, 3.0), ("f/equal", 5.0, 5.0)):
+            rows += [row(name, "cistern", device_ms=c * scale, capacity=2 * LIVE),
+                     row(name, EXP, device_ms=e, capacity=2 * LIVE)]
+        rows += [row("f/oom", "cistern", device_ms=1.0, ooms=2),
+                 row("f/oom", EXP, device_ms=1.0)]
+        return traces(rows)
+
+    def test_the_summary_and_the_cells(self):
+        real = traces([row(name, "cistern", capacity=4 * LIVE) for name in self.NAMES])
+        fills = {"1.25": self.fill(2.0), "2": self.fill(1.0)}
+        median, worst, below, n, c_ms, e_ms, left_out = rm.fill_summary(real, fills["2"])
+        # x: 0.5, 3.0, 1.0; f/oom and f/missing are left out of the ratios and the sums.
+        self.assertEqual((median, worst, below, n), (1.0, (3.0, "f/dear"), 2, 3))
+        self.assertEqual((c_ms, e_ms, left_out), (18.0, 16.0, ["f/oom", "f/missing"]))
+        table = rm.fill_table(real, fills)
+        self.assertIn("| trace | 1.25 x peak_live: cistern / expandable, ms | 2 x peak_live: "
+                      "cistern / expandable, ms |", table)
+        self.assertIn("| **median (worst); sums** | 2.00x (6.00x); 36 / 16; at most expandable's "
+                      "on 1 of 3; 2 left out | 1.00x (3.00x); 18 / 16; at most expandable's on 2 "
+                      "of 3; 2 left out |", table)
+        self.assertIn("| `f/dear` | 18.00 / 3.00 (6.00x) | 9.00 / 3.00 (3.00x) |", table)
+        self.assertIn("| `f/oom` | cistern out of memory | cistern out of memory |", table)
+        self.assertIn("| `f/missing` | - | - |", table)
+        # The real rows' own device: peak_live / capacity of cistern's rows, here a quarter.
+        self.assertEqual(rm.fill_range(real), "25.0-25%")
+
+    def test_factor_and_path_are_read_from_each_argument(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for i, name in enumerate(("f/a", "f/b")):
+                paths.append(os.path.join(tmp, f"{i}.json"))
+                with open(paths[-1], "w", encoding="utf-8") as f:
+                    json.dump({"results": [row(name, "cistern", device_ms=1.0)]}, f)
+            fills = rm.by_fill([f"1.25:{paths[0]}", f"1.25:{paths[1]}", f"4:{paths[0]}"])
+        self.assertEqual(list(fills), ["1.25", "4"])
+        self.assertEqual(sorted(fills["1.25"]), ["f/a", "f/b"])
+        for bad in ("1.25", "x:a.json", "2:"):
+            with self.assertRaises(SystemExit) as cm:
+                rm.by_fill([bad])
+            self.assertIn(repr(bad), str(cm.exception))
+
+
 class WholePage(unittest.TestCase):
     def test_the_page_prints_every_target_and_how_many_are_met(self):
         real = (memory_rows("pytorch/x.pickle.gz", 1_050_000, 1_010_000, 1_012_000)
@@ -417,7 +468,7 @@ class WholePage(unittest.TestCase):
                     json.dump({"version": "0", "cost_model": model, "results": rows}, f)
             page = subprocess.run(
                 [sys.executable, SCRIPT, "--repeat", files["repeat"], "--at-expandable-min",
-                 files["min"], "--", files["real"]],
+                 files["min"], "--by-fill", f"2:{files['min']}", "--", files["real"]],
                 check=True, capture_output=True, text=True).stdout
         targets = [line for line in page.splitlines()
                    if line.startswith("- **met**") or line.startswith("- **not met**")]
@@ -439,6 +490,11 @@ class WholePage(unittest.TestCase):
                       page)
         self.assertIn("--policy cistern,torch,torch:expandable_segments=true --min-capacity", page)
         self.assertIn("on a device of expandable segments' min_capacity.", page)
+        # The same replays read as a device of 2 x peak_live: one trace slower, one out of memory.
+        self.assertIn("### The first pass, by how full the device gets", page)
+        self.assertIn("| **median (worst); sums** | 1.50x (1.50x); 30 / 20; at most "
+                      "expandable's on 0 of 1; 1 left out |", page)
+        self.assertIn("| `somas/y.csv` | cistern out of memory |", page)
         # minimalloc has its own table and is not counted (2 traces above, not 3).
         self.assertIn("## minimalloc challenging instances", page)
 
