@@ -3,8 +3,9 @@
 """Formats `cistern replay --json` files as docs/results.md (Markdown on stdout).
 
 Issue 22's targets for cistern's virtual-memory engine, counted from the JSON (targets()); a
-summary across the traces recorded from real programs; the device time at 80 GiB, on a device of
-expandable segments' min_capacity and over `--repeat 3`; then one table per trace family (the
+summary across the traces recorded from real programs; the device time at 80 GiB, on devices of a
+few multiples of each trace's peak_live (`--by-fill`), on a device of expandable segments'
+min_capacity and over `--repeat 3`; then one table per trace family (the
 folder below traces/: pytorch, h200, kineto, somas, minimalloc), one row per trace: peak_live,
 then for PyTorch's recorded run, the torch emulation (PyTorch's defaults and expandable segments),
 nocache and cistern (classic segments and its defaults) the overhead (peak reserved / peak_live -
@@ -971,8 +972,9 @@ def main():
                 "min_capacity minus torch's and minus expandable segments', in percent of "
                 "peak_live (negative: cistern needs less).", "", min_capacity_table(real), ""]
         out += device_sections(
-            real, cost_model_name(args.json + args.repeat + args.at_expandable_min), repeat,
-            at_expandable_min, repeat_there, by_fill(args.by_fill))
+            real, cost_model_name(args.json + args.repeat + args.at_expandable_min
+                                  + [spec.partition(":")[2] for spec in args.by_fill]),
+            repeat, at_expandable_min, repeat_there, by_fill(args.by_fill))
     for family, rows in families.items():
         out += [f"## {FAMILIES.get(family, family)}", "", family_table(rows), ""]
     out.append(HOW_TO_READ)
