@@ -52,18 +52,23 @@ class Seeds(unittest.TestCase):
             self.assertIn("--first-seed must be at least 0 and --seeds at least 1", r.stderr)
 
 
-def row(trace, policy, min_capacity, live=1000):
-    return {"trace": trace, "policy": policy, "peak_live": live, "min_capacity": min_capacity}
+def row(trace, policy, min_capacity, live=1000, device_ms=None):
+    return {"trace": trace, "policy": policy, "peak_live": live, "min_capacity": min_capacity,
+            "device_ms": device_ms}
 
 
 class Rules(unittest.TestCase):
     def test_each_rule_counts_its_workloads_and_names_the_misses(self):
         rows = []
-        # (cistern, expandable, torch) min_capacity for peak_live 1000
-        for name, (c, e, t) in {"a.csv": (1000, 1000, 1100), "b.csv": (1004, 1000, 1100),
-                                "c.csv": (1030, 1020, 1020), "d.csv": (1010, 1030, 1005)}.items():
-            rows += [row(name, "cistern", c), row(name, ho.EXPANDABLE, e), row(name, "torch", t)]
-        n, rules, worst, table = ho.count(rows)
+        # (cistern, expandable, torch) min_capacity for peak_live 1000; cistern's and expandable
+        # segments' device time, ms
+        for name, (c, e, t), (ct, et) in (("a.csv", (1000, 1000, 1100), (3.0, 1.0)),
+                                          ("b.csv", (1004, 1000, 1100), (2.0, 1.0)),
+                                          ("c.csv", (1030, 1020, 1020), (1.0, 1.0)),
+                                          ("d.csv", (1010, 1030, 1005), (0.5, 1.0))):
+            rows += [row(name, "cistern", c, device_ms=ct), row(name, ho.EXPANDABLE, e, device_ms=et),
+                     row(name, "torch", t)]
+        n, rules, worst, table, times = ho.count(rows)
         self.assertEqual(n, 4)
         self.assertEqual(rules["vs_expandable_slack"]["holds"], 3)  # c: +1.0% of peak_live
         self.assertEqual([w for w, _ in rules["vs_expandable_slack"]["misses"]], ["c.csv"])
@@ -72,24 +77,34 @@ class Rules(unittest.TestCase):
         self.assertEqual(rules["vs_torch"]["holds"], 2)  # c and d above torch
         self.assertEqual(worst, (1.03, "c.csv"))
         self.assertEqual(len(table), 4)
+        # a: 3 x expandable segments' device time, past 2 x; b: exactly 2 x holds.
+        self.assertEqual(rules["time"]["holds"], 3)
+        self.assertEqual(rules["time"]["misses"], [("a.csv", "3.00 x expandable segments'")])
+        self.assertEqual(times, [3.0, 2.0, 1.0, 0.5])
+        self.assertEqual(table[0], ("a.csv", 1.0, 1.0, 1.1, 3.0))
+
+    def test_device_time_counts_where_min_capacity_has_no_figure(self):
+        rows = [row("a.csv", "cistern", None, device_ms=1.0),
+                row("a.csv", ho.EXPANDABLE, 1000, device_ms=4.0), row("a.csv", "torch", 1000)]
+        n, rules, _, table, times = ho.count(rows)
+        self.assertEqual((n, times, table), (1, [0.25], []))
+        self.assertEqual(rules["time"]["holds"], 1)
+        self.assertEqual(rules["tight"]["misses"], [("a.csv", "no figure")])
 
     def test_a_workload_without_a_figure_misses_every_rule(self):
         rows = [row("a.csv", "cistern", 1000), row("a.csv", ho.EXPANDABLE, None),
                 row("a.csv", "torch", 1000)]
-        n, rules, _, _ = ho.count(rows)
+        n, rules, _, _, _ = ho.count(rows)
         self.assertEqual(n, 1)
         for rule in rules.values():
             self.assertEqual(rule["holds"], 0)
             self.assertEqual(rule["misses"], [("a.csv", "no figure")])
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 # A stand-in for `cistern replay --min-capacity --json OUT`: records its arguments beside OUT and
 # answers for each trace cistern 1004, expandable segments 1000, PyTorch's default 1020 (of 1000
-# live), but for traces named "big*" cistern 1030.
+# live), but for traces named "big*" cistern 1030; cold-pass device time: cistern 1.5 ms (3 ms for
+# "big*"), expandable segments 1 ms.
 STAND_IN = textwrap.dedent("""\
     import json, os, sys
     args = sys.argv[1:]
@@ -97,8 +112,10 @@ STAND_IN = textwrap.dedent("""\
     json.dump(args, open(os.path.join(os.path.dirname(out), "args.json"), "w"))
     traces = [a for a in args if a.endswith((".pickle", ".csv"))]
     mins = {"torch:expandable_segments=true": 1000, "torch": 1020}
+    big = lambda t: os.path.basename(t).startswith("big")
     rows = [{"trace": t, "policy": p, "peak_live": 1000,
-             "min_capacity": mins.get(p, 1030 if os.path.basename(t).startswith("big") else 1004)}
+             "min_capacity": mins.get(p, 1030 if big(t) else 1004),
+             "device_ms": 1.0 if p in mins else (3.0 if big(t) else 1.5)}
             for t in traces for p in args[args.index("--policy") + 1].split(",")]
     json.dump({"results": rows}, open(out, "w"))
     """)
@@ -128,9 +145,19 @@ class OwnTraces(unittest.TestCase):
             self.assertEqual(summary["rules"]["vs_torch"]["holds"], 1)
             self.assertIn("NOT MET: min_capacity at most expandable segments' + 0.5% of peak_live "
                           "on 1 of 2 - not on big.csv", r.stdout)
+            self.assertEqual(summary["rules"]["time"]["holds"], 1)
+            self.assertEqual(summary["time_median"], 2.25)
+            self.assertIn("NOT MET: device time of the cold pass at most 2 x expandable segments' "
+                          "on 1 of 2 - not on big.csv (3.00 x expandable segments')", r.stdout)
+            self.assertIn("NOT MET: device time of the cold pass, median over 2 workloads: 2.25 x "
+                          "expandable segments' (issue 22: at most 1.25 x)", r.stdout)
 
     def test_device_without_traces_is_refused(self):
         with tempfile.TemporaryDirectory() as tmp:
             r, _ = self.run_script(tmp, "--device", "0")
             self.assertEqual(r.returncode, 2)
             self.assertIn("--device goes with --traces", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
