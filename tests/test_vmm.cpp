@@ -306,6 +306,28 @@ TEST_F(Engine, ReleaseThresholdGivesUnusedPagesBack) {
   EXPECT_EQ(device->used_bytes(), kPage);
 }
 
+// deallocate() has freed the block before the release threshold gives memory back: an unmap the
+// device fails there leaves the handles mapped under the free block - the next free gives them
+// back - and does not make deallocate() throw, so that a caller who takes a throw for "not freed"
+// does not free twice.
+TEST_F(Engine, AFailedUnmapAtTheReleaseThresholdLeavesTheFreeDone) {
+  engine("release_threshold_mb:2", 256 * MiB);
+  void* p = alloc->allocate(64 * MiB, default_stream);
+  void* q = alloc->allocate(1000, default_stream);
+  device->fail_nth(DeviceOp::unmap, 1, Status::device_error);
+  EXPECT_NO_THROW(alloc->deallocate(p, default_stream));
+  EXPECT_FALSE(alloc->requested_size(p).has_value());
+  alloc->check();
+  EXPECT_EQ(alloc->reserved_bytes(), 64 * MiB + kPage);  // nothing went back
+  EXPECT_EQ(stats().num_handles_released, 0);
+  EXPECT_THROW(alloc->deallocate(p, default_stream), InvalidPointer);
+  device->clear_faults();
+  alloc->deallocate(q, default_stream);  // the next trim gives back all but 2 MiB
+  alloc->check();
+  EXPECT_EQ(alloc->reserved_bytes(), kPage);
+  EXPECT_EQ(device->used_bytes(), kPage);
+}
+
 TEST_F(Engine, WithoutAThresholdCachedPagesStay) {
   engine("", 64 * MiB);
   void* a = alloc->allocate(8 * MiB, default_stream);
@@ -660,6 +682,27 @@ TEST(EngineFaults, AFailedMapPartWayLeavesNothingMapped) {
   EXPECT_EQ(device.counters().of(DeviceOp::unmap), unmaps + 1);
   EXPECT_EQ(device.used_bytes(), used);
   void* p = alloc.allocate(10 * MiB, default_stream);
+  alloc.check();
+  alloc.deallocate(p, default_stream);
+}
+
+// A failed map part way whose undo fails too (the one unmap over the mapped handles): the default
+// map_run undoes them one by one, so the engine, which releases the run's handles, forgets no
+// mapping - the range goes back and the memory with it.
+TEST(EngineFaults, AFailedUndoOfAFailedMapIsRetriedMappingByMapping) {
+  SimDevice device(sim_options(1 * GiB));
+  CachingAllocator alloc(device, Config::parse("vmm:True,small_handle_size_mb:2,"
+                                               "large_handle_size_mb:2,max_handle_size_mb:2"));
+  device.fail_nth(DeviceOp::map, 2, Status::device_error);    // the run's second handle
+  device.fail_nth(DeviceOp::unmap, 1, Status::device_error);  // the undo of the first
+  EXPECT_THROW(alloc.allocate(4 * MiB, default_stream), DeviceError);
+  device.clear_faults();
+  alloc.check();
+  EXPECT_EQ(alloc.reserved_bytes(), 0u);
+  EXPECT_EQ(device.used_bytes(), 0u);
+  EXPECT_NO_THROW(alloc.empty_cache());
+  EXPECT_EQ(device.live_reservations(), 0u);
+  void* p = alloc.allocate(4 * MiB, default_stream);
   alloc.check();
   alloc.deallocate(p, default_stream);
 }
@@ -1060,6 +1103,34 @@ TEST(EngineOptions, GarbageCollectionGivesBackHandlesUnderFreeBlocks) {
     alloc.deallocate(c, s1);
     alloc.deallocate(keep, default_stream);
   }
+}
+
+// Garbage collection counts a whole free range it releases by the memory mapped in it, not by its
+// address space (twice the device): releasing another stream's range that held 4 MiB leaves
+// reserved memory above the threshold, and the collection goes on to the handles under the
+// default stream's free blocks.
+TEST(EngineOptions, GarbageCollectionCountsAWholeFreeRangeByTheMemoryItHeld) {
+  SimDevice device(sim_options(1 * GiB));
+  CachingAllocator alloc(device, Config::parse("vmm:True,memory_limit_mb:100,"
+                                               "garbage_collection_threshold:0.5"));
+  const Stream s2 = device.create_stream();
+  void* other = alloc.allocate(4 * MiB, s2);
+  alloc.deallocate(other, s2);  // s2's range: whole, free, 4 MiB mapped
+  void* keep = alloc.allocate(2 * MiB, default_stream);
+  void* a = alloc.allocate(30 * MiB, default_stream);
+  void* b = alloc.allocate(30 * MiB, default_stream);
+  alloc.deallocate(a, default_stream);
+  alloc.deallocate(b, default_stream);
+  const std::size_t ranges = device.live_reservations();
+  ASSERT_GT(alloc.reserved_bytes(), 60 * MiB);
+  const Stream s1 = device.create_stream();
+  void* c = alloc.allocate(8 * MiB, s1);
+  EXPECT_EQ(device.live_reservations(), ranges);     // s2's range went back, s1's came
+  EXPECT_GT(alloc.stats().num_handles_released, 2);  // more than s2's 4 MiB
+  EXPECT_LE(alloc.reserved_bytes(), 50 * MiB + 8 * MiB + 2 * MiB);
+  alloc.check();
+  alloc.deallocate(c, s1);
+  alloc.deallocate(keep, default_stream);
 }
 
 // Cross-stream reuse: a stream that misses takes another stream's whole cached segment over,

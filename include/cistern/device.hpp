@@ -135,7 +135,9 @@ class Device {
   /// makes the whole run accessible in one step: one cuMemMap per handle and one cuMemSetAccess
   /// over the run, as PyTorch grows an expandable segment (the access grant still costs per
   /// mapping it covers on current drivers). All or nothing: on failure none is mapped. The
-  /// default maps handle by handle through `map`.
+  /// default maps handle by handle through `map` and, on a failure, unmaps what it mapped in one
+  /// `unmap`, or where that fails mapping by mapping: only a device that fails those too keeps
+  /// a mapping.
   virtual Status map_run(void* va, const PhysicalHandle* handles, std::size_t count) noexcept;
   /// Unmaps [va, va+bytes), which must be exactly covered by whole earlier mappings; a range that
   /// would cut a mapping is `invalid_argument` and changes nothing.

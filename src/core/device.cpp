@@ -49,8 +49,15 @@ Status Device::map_run(void* va, const PhysicalHandle* handles, std::size_t coun
   for (std::size_t i = 0; i < count; ++i) {
     const Status status = map(reinterpret_cast<void*>(at), handles[i]);
     if (status != Status::ok) {
-      // All or nothing: undo the handles already mapped (nothing has used them yet).
-      if (at != start) (void)unmap(va, at - start);
+      // All or nothing: undo the handles already mapped (nothing has used them yet) - in one
+      // unmap, and where that fails, mapping by mapping, so that one failed call does not leave
+      // mappings the caller takes for undone.
+      if (at != start && unmap(va, at - start) != Status::ok) {
+        std::uintptr_t back = start;
+        for (std::size_t j = 0; j < i; back += handles[j++].bytes) {
+          (void)unmap(reinterpret_cast<void*>(back), handles[j].bytes);
+        }
+      }
       return status;
     }
     at += handles[i].bytes;

@@ -164,7 +164,9 @@ void CachingAllocator::Impl::collect_garbage(const StreamPool* held) {
     for (Candidate& c : candidates) {
       if (c.block == nullptr || static_cast<double>(c.age) < average || reclaimed >= target)
         continue;
-      const std::size_t bytes = c.block->size;
+      // The memory it holds: an expandable segment's block is its whole address range, of which
+      // only the mapped part was reserved memory.
+      const std::size_t bytes = c.block->segment->mapped_bytes();
       if (backing_->release_segment(*c.pool, c.block).ok()) reclaimed += bytes;
       total_age -= c.age;
       --left;

@@ -1126,7 +1126,10 @@ Releases MappedHandles::release_rest(bool asked) {
 }
 
 // Global lock held, no pool lock. With a release threshold: when the memory held under cached free
-// blocks may exceed it, give handles back until it does not.
+// blocks may exceed it, give handles back until it does not. It runs after a free has freed its
+// block, so it never throws DeviceError: a device that fails the unmap (or the wait before it)
+// leaves those handles mapped under their free blocks, where the next trim, reclaim or
+// empty_cache() tries again; the reason is kept in last_error_.
 void MappedHandles::trim() {
   std::size_t allocated = 0;
   for (const auto& pool : ctx_.pools.all()) {
@@ -1141,7 +1144,11 @@ void MappedHandles::trim() {
   std::size_t unused = 0;
   for (const Victim& v : free_handles(Keep{})) unused += handles_[v.slot].granules * g_;
   if (unused <= threshold) return;
-  reclaim_locked(unused - threshold, Keep{}, nullptr, Unmap::release);
+  try {
+    reclaim_locked(unused - threshold, Keep{}, nullptr, Unmap::release);
+  } catch (const DeviceError& e) {
+    last_error_ = e.what();
+  }
 }
 
 // --- the invariants ---------------------------------------------------------------------------------------
