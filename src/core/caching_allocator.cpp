@@ -147,12 +147,12 @@ void CachingAllocator::Impl::fall_back_to_segments(const std::string& why, const
       device_.index(), device_.name(), why);
   vmm_ = false;
   trims_ = false;
-  policy_ = detail::SizePolicy(config_);
-  for (const auto& pool : pools_.all()) {
-    std::unique_lock<detail::SpinLock> lock(pool->mutex, std::defer_lock);
-    if (pool.get() != held) lock.lock();
-    pool->reset_policy(policy_);
-  }
+  // max_split_size is read under a pool's lock (a split, the oversize rules): every pool is
+  // locked while it changes. The rounding, which the cache-hit path reads before it locks its
+  // pool, is the same in both policies and is not written.
+  AllPoolsLock locks(pools_, held);
+  policy_.leave_engine(config_);
+  for (const auto& pool : pools_.all()) pool->reset_policy(policy_);
   // Kept, not destroyed: this runs inside a call the engine made.
   retired_backing_ = std::move(backing_);
   backing_ = detail::make_segments(backing_context());
@@ -402,7 +402,10 @@ std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_found(
 std::pair<StreamPool*, Block*> CachingAllocator::Impl::lock_allocated(std::uintptr_t addr,
                                                                       const char* what) const {
   const auto found = lock_found(addr);
-  if (found.first == nullptr) throw_invalid_pointer(addr, what);
+  if (found.first == nullptr) {
+    std::lock_guard<std::mutex> global(mutex_);  // the pool table may grow meanwhile
+    throw_invalid_pointer(addr, what);
+  }
   return found;
 }
 

@@ -97,6 +97,9 @@ class SizePolicy {
     engine.max_split_size_ = SIZE_MAX;
     return engine;
   }
+  /// Classic segments' policy again, from the engine's (the only field they differ in), without
+  /// writing the rounding that the cache-hit path reads with no lock.
+  void leave_engine(const Config& config) noexcept { max_split_size_ = config.max_split_size; }
 
  private:
   // PyTorch's interval index: floor(log2(bytes)) - 20, clamped to the table.
